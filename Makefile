@@ -1,0 +1,62 @@
+# Quick start: `make run` (the main job) and `make test` (the suite). Both set themselves up from a
+# fresh clone: a virtual environment in .venv, then the dependencies. torch comes first and as the
+# CPU build (a plain `pip install torch` would pull a multi-GB CUDA build), then DeepSpeed without
+# build isolation (its setup.py imports torch), then this project.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+STATE_DIR ?= $(CURDIR)/state
+PORT ?= 9410
+
+BASE_STAMP := $(VENV)/.stamp-base
+FULL_STAMP := $(VENV)/.stamp-full
+
+.PHONY: install install-base run test test-fast bench lint fmt clean demo triage-demo system-deps
+
+install: $(FULL_STAMP)
+install-base: $(BASE_STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The daemon and triage only: what a GPU node needs (no torch).
+$(BASE_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+# Everything, including the trainer extra, in the order DeepSpeed needs.
+$(FULL_STAMP): pyproject.toml $(BASE_STAMP)
+	$(PIP) install -q 'torch==$(TORCH_VERSION)'
+	$(PIP) install -q setuptools wheel
+	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation 'deepspeed>=0.14'
+	$(PIP) install -q -e '.[trainer,dev]'
+	touch $@
+
+# Outside binaries the integration tests use (Debian packages); .ci/run calls this as root.
+system-deps:
+	./scripts/install-system-deps.sh
+
+run: $(BASE_STAMP)
+	$(VENV)/bin/gpu-watchdog demo-run --state-dir $(STATE_DIR) --port $(PORT)
+
+test: $(FULL_STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(BASE_STAMP)
+	$(PY) -m pytest -q -m "not slow and not trainer" $(PYTEST_ARGS)
+
+bench: $(FULL_STAMP)
+	$(PY) -m benchmarks $(BENCH_ARGS)
+
+lint: $(BASE_STAMP)
+	$(VENV)/bin/ruff check watchdog trainer tests benchmarks
+	$(VENV)/bin/ruff format --check watchdog trainer tests benchmarks
+
+fmt: $(BASE_STAMP)
+	$(VENV)/bin/ruff check --fix watchdog trainer tests benchmarks
+	$(VENV)/bin/ruff format watchdog trainer tests benchmarks
+
+clean:
+	rm -rf $(VENV) $(STATE_DIR) out build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,141 @@
+"""Scripted sample streams through the classifier: hysteresis, dwell, spikes, and the equivalence of
+the streaming (daemon) and vectorised (triage) forms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from watchdog.classify.bands import raw_state, raw_states
+from watchdog.classify.hysteresis import GpuClassifier, classify_series
+from watchdog.states import GPU_STATES, GpuState
+from watchdog.tables import builtin_table
+
+H100 = builtin_table("H100")
+NAN = math.nan
+
+# (power fraction, utilisation) of typical samples on an H100
+COMPUTE = (0.79, 0.92)
+SPIN = (0.22, 1.0)
+IDLE = (0.10, 0.0)
+STARVED = (0.25, 0.35)
+COMM = (0.35, 0.95)
+
+
+def run_stream(samples: list[tuple[float, float, float]], table=H100) -> list[tuple[float, GpuState, float]]:
+    """Feed (t, p, u) samples; return (t, state, since) after each."""
+    clf = GpuClassifier(table)
+    out = []
+    for t, p, u in samples:
+        clf.update(t, p, u)
+        out.append((t, clf.state, clf.since_s))
+    return out
+
+
+def stream(*phases: tuple[tuple[float, float], float], rate_hz: float = 10.0, t0: float = 0.0):
+    """Samples for consecutive phases of (point, duration_s)."""
+    out, t = [], t0
+    for (p, u), dur in phases:
+        for _ in range(round(dur * rate_hz)):
+            out.append((t, p, u))
+            t = round(t + 1 / rate_hz, 9)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("point", "state"),
+    [(COMPUTE, GpuState.COMPUTE), (SPIN, GpuState.CHECKPOINT_OR_DEADLOCK), (IDLE, GpuState.IDLE),
+     (STARVED, GpuState.DATA_STARVATION), (COMM, GpuState.COMMUNICATION), ((NAN, 0.5), GpuState.UNKNOWN),
+     ((0.79, NAN), GpuState.COMPUTE), ((0.10, NAN), GpuState.IDLE), ((0.22, NAN), GpuState.CHECKPOINT_OR_DEADLOCK)],
+)
+def test_raw_bands(point, state):
+    assert raw_state(H100, *point) is state
+    assert GPU_STATES[raw_states(H100, np.array([point[0]]), np.array([point[1]]))[0]] is state
+
+
+def test_spin_after_compute_is_dated_back_to_its_first_sample():
+    out = run_stream(stream((COMPUTE, 10), (SPIN, 10)))
+    spin_start = 10.0
+    # not yet after 2.9 s of spin (dwell 3 s) ...
+    at = {round(t, 1): (s, since) for t, s, since in out}
+    assert at[12.9][0] is GpuState.COMPUTE
+    # ... taken at 3 s, dated back to the first spinning sample
+    assert at[13.0] == (GpuState.CHECKPOINT_OR_DEADLOCK, spin_start)
+
+
+def test_single_sample_spike_does_not_change_state():
+    samples = stream((SPIN, 5), (COMPUTE, 0.1), (SPIN, 5))
+    assert {s for _, s, _ in run_stream(samples)[1:]} == {GpuState.CHECKPOINT_OR_DEADLOCK}
+
+
+def test_leaving_spin_for_compute_is_quick():
+    out = run_stream(stream((SPIN, 20), (COMPUTE, 5)))
+    first_compute = next(t for t, s, _ in out if s is GpuState.COMPUTE)
+    assert first_compute - 20.0 <= 1.0 + 1e-9
+
+
+def test_hovering_on_the_compute_boundary_does_not_flap():
+    # compute enters at 0.40, exits below 0.35: power wandering 0.37..0.43 stays compute
+    rng = np.random.default_rng(1)
+    samples = [(i / 10, 0.40 + rng.uniform(-0.03, 0.03), 0.9) for i in range(600)]
+    samples = stream((COMPUTE, 5)) + [(5 + t, p, u) for t, p, u in samples]
+    states = {s for _, s, _ in run_stream(samples)[50:]}
+    assert states == {GpuState.COMPUTE}
+
+
+def test_hovering_without_hysteresis_would_flap():
+    """The previous test can fail: with zero margins the same stream changes state."""
+    from dataclasses import replace
+
+    bands = {s: replace(b, margin_power=0.0, margin_util=0.0, dwell_s=0.0) for s, b in H100.bands.items()}
+    bare = replace(H100, bands=bands)
+    rng = np.random.default_rng(1)
+    samples = stream((COMPUTE, 5)) + [(5 + i / 10, 0.40 + rng.uniform(-0.03, 0.03), 0.9) for i in range(600)]
+    assert len({s for _, s, _ in run_stream(samples, bare)[50:]}) > 1
+
+
+def test_failed_reads_become_unknown_only_when_they_persist():
+    out = run_stream(stream((COMPUTE, 5), ((NAN, NAN), 0.5), (COMPUTE, 5), ((NAN, NAN), 5)))
+    states = [s for _, s, _ in out]
+    assert GpuState.UNKNOWN not in states[:105]
+    assert states[-1] is GpuState.UNKNOWN
+
+
+# --- equivalence of the streaming and vectorised forms -------------------------------------------
+
+points = st.sampled_from([COMPUTE, SPIN, IDLE, STARVED, COMM, (0.38, 0.9), (0.31, 0.85), (0.28, 0.93),
+                          (NAN, 0.5), (0.5, NAN), (0.2, NAN), (0.1, NAN), (0.42, 0.05)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    segs=st.lists(st.tuples(points, st.integers(1, 60)), min_size=1, max_size=25),
+    dt=st.sampled_from([0.1, 0.5, 1.0, 0.25]),
+    cuts=st.lists(st.integers(0, 2000), max_size=5),
+)
+def test_vectorised_equals_streaming(segs, dt, cuts):
+    pts = [pt for pt, k in segs for _ in range(k)]
+    n = len(pts)
+    t = np.arange(n) * dt
+    p = np.array([a for a, _ in pts], dtype=float)
+    u = np.array([b for _, b in pts], dtype=float)
+    # streaming
+    clf = GpuClassifier(H100)
+    expected = []
+    for i in range(n):
+        if clf.update(float(t[i]), float(p[i]), float(u[i])):
+            expected.append((i, clf.state, clf.since_s))
+    # vectorised, in chunks
+    bounds = sorted({0, n, *(c % (n + 1) for c in cuts)})
+    got, carry = [], None
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        if a == b:
+            continue
+        sw, carry = classify_series(H100, t[a:b], p[a:b], u[a:b], carry)
+        got += [(a + s.index, s.state, s.since_s) for s in sw]
+    assert got == expected
+    assert carry.state is clf.state and carry.since_s == clf.since_s

@@ -1,0 +1,264 @@
+"""Calibrated power tables: one TOML per GPU model, looked up by the NVML device name.
+
+A table holds, for each GPU state, a *band*: a box in (power as a fraction of the enforced power
+limit, utilisation ratio) space, plus the margins that widen the box once the GPU is in that state
+(hysteresis: separate enter and exit thresholds) and the dwell a new state must persist before it is
+taken. Bands are tried in a fixed priority order (:data:`BAND_ORDER`); the first whose *enter* box
+contains a sample names its raw state.
+
+This module is pure (tomllib only): no NVML, no I/O beyond reading the TOML files.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from watchdog.states import GpuState
+
+#: Priority order: the first band whose enter box holds a sample wins.
+BAND_ORDER: tuple[GpuState, ...] = (
+    GpuState.COMPUTE,
+    GpuState.CHECKPOINT_OR_DEADLOCK,
+    GpuState.COMMUNICATION,
+    GpuState.DATA_STARVATION,
+    GpuState.IDLE,
+)
+BUILTIN_MODELS: tuple[str, ...] = ("B300", "B200", "H200", "H100", "A100")
+GENERIC = "generic"
+_BAND_KEYS = {"power_min", "power_max", "util_min", "util_max", "margin_power", "margin_util", "dwell_s",
+              "note", "estimate"}
+_TOP_KEYS = {"model", "description", "match", "power_limit_w", "power_limit_note", "power_only", "bands",
+             "unknown_dwell_s", "source"}
+
+
+class TableError(ValueError):
+    """A table file is malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """Enter box ``[power_min, power_max) x [util_min, util_max)`` (fractions of the limit, ratios).
+
+    Once in this state the GPU stays while the sample lies in the exit box, the enter box widened on
+    every finite side by ``margin_power`` / ``margin_util``.
+    """
+
+    state: GpuState
+    power_min: float = 0.0
+    power_max: float = math.inf
+    util_min: float = 0.0
+    util_max: float = math.inf
+    margin_power: float = 0.0
+    margin_util: float = 0.0
+    dwell_s: float = 0.0
+    note: str = ""
+    estimate: bool = False
+
+    def exit_bounds(self) -> tuple[float, float, float, float]:
+        """(power_min, power_max, util_min, util_max) of the exit box."""
+        return (
+            self.power_min - self.margin_power if self.power_min > 0 else -math.inf,
+            self.power_max + self.margin_power,
+            self.util_min - self.margin_util if self.util_min > 0 else -math.inf,
+            self.util_max + self.margin_util,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PowerTable:
+    model: str
+    description: str
+    match: tuple[str, ...]
+    power_limit_w: float | None
+    bands: dict[GpuState, Band]
+    idle_power_max: float
+    """Power-only fallback (no utilisation): below this fraction a GPU is idle, above it and below the
+    checkpoint band's power_max it is checkpoint_or_deadlock."""
+    unknown_dwell_s: float = 2.0
+    notes: dict[str, str] = field(default_factory=dict)
+    path: str = ""
+
+    def band(self, state: GpuState) -> Band:
+        return self.bands[state]
+
+    def dwell_s(self, state: GpuState) -> float:
+        if state is GpuState.UNKNOWN:
+            return self.unknown_dwell_s
+        return self.bands[state].dwell_s
+
+    def with_limit(self, power_limit_w: float) -> PowerTable:
+        return replace(self, power_limit_w=power_limit_w)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``GET /tables/current``, ``tables --json``)."""
+        return {
+            "model": self.model,
+            "description": self.description,
+            "match": list(self.match),
+            "power_limit_w": self.power_limit_w,
+            "power_only": {"idle_power_max": self.idle_power_max},
+            "unknown_dwell_s": self.unknown_dwell_s,
+            "bands": {
+                str(s): {
+                    k: (None if isinstance(v, float) and math.isinf(v) else v)
+                    for k, v in (
+                        ("power_min", b.power_min), ("power_max", b.power_max), ("util_min", b.util_min),
+                        ("util_max", b.util_max), ("margin_power", b.margin_power),
+                        ("margin_util", b.margin_util), ("dwell_s", b.dwell_s), ("estimate", b.estimate),
+                        ("note", b.note),
+                    )
+                }
+                for s, b in self.bands.items()
+            },
+            "notes": dict(self.notes),
+            "path": self.path,
+        }
+
+
+def _num(where: str, key: str, value: Any, lo: float = 0.0, hi: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TableError(f"{where}: {key}: expected a number, got {value!r}")
+    v = float(value)
+    if not (lo <= v <= hi):
+        raise TableError(f"{where}: {key}: expected a number between {lo} and {hi}, got {value!r}")
+    return v
+
+
+def parse_table(data: dict[str, Any], where: str) -> PowerTable:
+    """Validate a decoded TOML document into a :class:`PowerTable`; errors name ``where`` and the key."""
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise TableError(f"{where}: unknown key(s) {sorted(unknown)}; expected some of {sorted(_TOP_KEYS)}")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise TableError(f"{where}: model: expected a non-empty string, got {model!r}")
+    match = data.get("match", [])
+    if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
+        raise TableError(f"{where}: match: expected a list of strings, got {match!r}")
+    limit = data.get("power_limit_w")
+    limit_w = None if limit is None else _num(where, "power_limit_w", limit, 1.0, 10_000.0)
+    bands_raw = data.get("bands")
+    if not isinstance(bands_raw, dict):
+        raise TableError(f"{where}: bands: expected a table of bands, got {bands_raw!r}")
+    bands: dict[GpuState, Band] = {}
+    for state in BAND_ORDER:
+        raw = bands_raw.get(str(state))
+        if not isinstance(raw, dict):
+            raise TableError(f"{where}: bands.{state}: missing (every table needs all of "
+                             f"{', '.join(map(str, BAND_ORDER))})")
+        bad = set(raw) - _BAND_KEYS
+        if bad:
+            raise TableError(f"{where}: bands.{state}: unknown key(s) {sorted(bad)}")
+        k = f"bands.{state}"
+        band = Band(
+            state=state,
+            power_min=_num(where, f"{k}.power_min", raw.get("power_min", 0.0), 0.0, 5.0),
+            power_max=_num(where, f"{k}.power_max", raw.get("power_max", math.inf), 0.0, math.inf),
+            util_min=_num(where, f"{k}.util_min", raw.get("util_min", 0.0), 0.0, 1.0),
+            util_max=_num(where, f"{k}.util_max", raw.get("util_max", math.inf), 0.0, math.inf),
+            margin_power=_num(where, f"{k}.margin_power", raw.get("margin_power", 0.0), 0.0, 1.0),
+            margin_util=_num(where, f"{k}.margin_util", raw.get("margin_util", 0.0), 0.0, 1.0),
+            dwell_s=_num(where, f"{k}.dwell_s", raw.get("dwell_s", 0.0), 0.0, 3600.0),
+            note=str(raw.get("note", "")),
+            estimate=bool(raw.get("estimate", False)),
+        )
+        if band.power_min >= band.power_max:
+            raise TableError(f"{where}: {k}: power_min {band.power_min} must be below power_max {band.power_max}")
+        if band.util_min >= band.util_max:
+            raise TableError(f"{where}: {k}: util_min {band.util_min} must be below util_max {band.util_max}")
+        bands[state] = band
+    extra = set(bands_raw) - {str(s) for s in BAND_ORDER}
+    if extra:
+        raise TableError(f"{where}: bands: unknown state(s) {sorted(extra)}")
+    po = data.get("power_only", {})
+    if not isinstance(po, dict):
+        raise TableError(f"{where}: power_only: expected a table, got {po!r}")
+    idle_max = _num(where, "power_only.idle_power_max", po.get("idle_power_max", 0.15), 0.0, 1.0)
+    table = PowerTable(
+        model=model,
+        description=str(data.get("description", model)),
+        match=tuple(match),
+        power_limit_w=limit_w,
+        bands=bands,
+        idle_power_max=idle_max,
+        unknown_dwell_s=_num(where, "unknown_dwell_s", data.get("unknown_dwell_s", 2.0), 0.0, 3600.0),
+        notes={
+            "power_limit": str(data.get("power_limit_note", "")),
+            "power_only": str(po.get("note", "")),
+            "source": str(data.get("source", "")),
+        },
+        path=where,
+    )
+    _check_coverage(table, where)
+    return table
+
+
+def _check_coverage(table: PowerTable, where: str) -> None:
+    """Every (power, utilisation) point must fall in some band: otherwise a sample has no state."""
+    from watchdog.classify.bands import raw_state  # local: bands imports this module
+
+    for p in (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.2):
+        for u in (0.0, 0.05, 0.1, 0.3, 0.5, 0.7, 0.89, 0.9, 0.95, 1.0):
+            if raw_state(table, p, u) is GpuState.UNKNOWN:
+                raise TableError(f"{where}: bands leave power {p:.2f} x utilisation {u:.2f} without a state; "
+                                 "widen a band so every point is covered")
+
+
+def load_table_file(path: str | Path) -> PowerTable:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise TableError(f"{path}: no such table file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TableError(f"{path}: {e}") from None
+    return parse_table(data, str(path))
+
+
+def builtin_table(model: str) -> PowerTable:
+    name = model.lower()
+    try:
+        text = resources.files("watchdog.tables").joinpath(f"{name}.toml").read_text()
+    except FileNotFoundError:
+        raise TableError(f"no built-in table for model {model!r}; built-in: "
+                         f"{', '.join((*BUILTIN_MODELS, GENERIC))}") from None
+    return parse_table(tomllib.loads(text), f"watchdog/tables/{name}.toml")
+
+
+def all_tables() -> list[PowerTable]:
+    return [builtin_table(m) for m in (*BUILTIN_MODELS, GENERIC)]
+
+
+def match_model(device_name: str | None) -> str | None:
+    """Model of a built-in table whose match strings occur in the NVML device name, else None."""
+    if not device_name:
+        return None
+    upper = device_name.upper()
+    best: tuple[int, str] | None = None
+    for model in BUILTIN_MODELS:
+        for m in builtin_table(model).match:
+            # the longest match wins: 'GB300' before 'B300' before 'B30'
+            if m.upper() in upper and (best is None or len(m) > best[0]):
+                best = (len(m), model)
+    return best[1] if best else None
+
+
+def resolve_table(*, model: str | None = None, device_name: str | None = None, path: str | Path | None = None,
+                  power_limit_w: float | None = None) -> PowerTable:
+    """The table to use: an explicit file, an explicit model, the model matched from the device name,
+    else the generic table. ``power_limit_w`` (from NVML or the user) overrides the table's default."""
+    if path is not None:
+        table = load_table_file(path)
+    elif model is not None:
+        table = builtin_table(model)
+    else:
+        matched = match_model(device_name)
+        table = builtin_table(matched or GENERIC)
+    if power_limit_w is not None:
+        table = table.with_limit(power_limit_w)
+    return table

@@ -1,0 +1,1 @@
+"""Telemetry sources: NVML, replayed nvidia-smi recordings, a scripted simulation, or none."""

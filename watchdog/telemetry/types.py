@@ -1,0 +1,81 @@
+"""The one small Protocol every telemetry source implements, and the sample it returns.
+
+Units are in the field names. A value the hardware or the recording does not provide is ``None``;
+a read that failed is reported as data (``error`` set), never raised out of :meth:`TelemetrySource.sample`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one GPU at ``time_s`` (epoch seconds, or seconds from the start of a recording)."""
+
+    gpu: int
+    time_s: float
+    power_w: float | None = None
+    """Board power as reported (NVML ``nvmlDeviceGetPowerUsage``: a ~1 s average on recent GPUs)."""
+    power_instant_w: float | None = None
+    energy_j: float | None = None
+    """Total energy counter since driver load (monotonic)."""
+    utilization_ratio: float | None = None
+    """Share of the last sample period in which any kernel ran, 0..1 (a spinning kernel counts)."""
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    sm_clock_mhz: float | None = None
+    temperature_c: float | None = None
+    power_limit_w: float | None = None
+    nvlink_tx_bytes: float | None = None
+    """Cumulative NVLink bytes transmitted over all links (a counter), when supported."""
+    nvlink_rx_bytes: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    pids: tuple[int, ...] = ()
+    """Compute processes on this GPU."""
+    uuid: str | None = None
+    name: str | None = None
+    error: str | None = None
+    """Set when the read failed or timed out; the numeric fields are then None."""
+    errors: tuple[str, ...] = field(default=())
+    """Per-field problems that left the rest readable (e.g. 'nvlink: NotSupported')."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.power_w is not None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """Static facts about a GPU, read once."""
+
+    gpu: int
+    name: str
+    uuid: str | None = None
+    power_limit_w: float | None = None
+    memory_total_bytes: float | None = None
+
+
+@runtime_checkable
+class TelemetrySource(Protocol):
+    """Where GPU telemetry comes from. ``sample`` never raises for a per-GPU failure."""
+
+    name: str
+    """'nvml', 'sim', 'replay' or 'none'."""
+
+    def gpus(self) -> list[GpuInfo]:
+        """The GPUs this source reports on (empty for 'none')."""
+        ...
+
+    def sample(self, now_s: float) -> list[GpuSample]:
+        """One reading of every GPU; ``now_s`` is the loop's clock (sources with their own time
+        - replay, sim - map it onto their timeline)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TelemetryUnavailable(RuntimeError):
+    """The source cannot start at all (no driver, file missing); raised only at construction."""
