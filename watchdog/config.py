@@ -1,0 +1,761 @@
+"""The daemon's configuration: TOML file + ``GPU_WATCHDOG_<SECTION>__<KEY>`` environment overrides,
+validated into frozen dataclasses.
+
+Where it comes from, lowest precedence first:
+
+1. the defaults below (each documented, with its unit, in ``deploy/config.example.toml``);
+2. the TOML file (``/etc/gpu-watchdog/config.toml`` or ``--config FILE``);
+3. environment variables ``GPU_WATCHDOG_<SECTION>__<KEY>`` (double underscore between levels, e.g.
+   ``GPU_WATCHDOG_DAEMON__PERIOD_S=0.5`` or ``GPU_WATCHDOG_CLASSIFIER__DWELL_S__COMPUTE=3``). A value is
+   parsed as a TOML value (``0.5``, ``true``, ``["scancel", "123"]``) and otherwise taken as a string.
+   Variables without a double underscore (``GPU_WATCHDOG_PROGRESS_DIR``, the trainer's) are not
+   overrides. ``[[alerts.sinks]]`` cannot be set from the environment;
+4. command-line flags (:func:`override`), e.g. ``--listen``, ``--state-dir``, ``--source``.
+
+Every problem is reported, not just the first, each naming where the value came from (the file or the
+environment variable), the dotted key, what was expected and what was found::
+
+    config.toml: daemon.period_s: expected a number between 0.1 and 60, got "fast"
+
+Unknown keys are errors, with a did-you-mean. The schema is the dataclasses below: each field's
+metadata holds its checker, so adding a key is one line here and one documented line in the example.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import json
+import math
+import os
+import socket
+import stat
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from watchdog.states import GpuState, Mode
+
+DEFAULT_CONFIG_PATH = Path("/etc/gpu-watchdog/config.toml")
+ENV_PREFIX = "GPU_WATCHDOG_"
+ENV_SEPARATOR = "__"
+SOURCE_NAMES = ("auto", "nvml", "sim", "none")
+SINK_KINDS = ("webhook", "alertmanager", "pagerduty", "slack")
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+
+
+class ConfigError(ValueError):
+    """One or more configuration problems; ``str()`` lists them one per line."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkers: each turns a raw TOML/env value into the typed value or returns an error text
+# ("expected ..."). They are pure and carried in the dataclass field metadata.
+
+
+class _Invalid(Exception):
+    def __init__(self, expected: str) -> None:
+        super().__init__(expected)
+        self.expected = expected
+
+
+Checker = Callable[[Any], Any]
+
+
+MISSING: Any = type("Missing", (), {"__repr__": lambda self: "nothing"})()
+"""Shown as ``got nothing`` when a required key is absent."""
+
+
+def show(value: Any) -> str:
+    """A value as an error message prints it: strings quoted, booleans as TOML writes them."""
+    if value is MISSING:
+        return "nothing"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "[" + ", ".join(show(v) for v in value) + "]"
+    return repr(value)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _takes_text(check: Checker) -> Checker:
+    check.takes_text = True  # type: ignore[attr-defined]
+    return check
+
+
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False) -> Checker:
+    if low is not None and high is not None:
+        expected = f"a number between {_fmt(low)} and {_fmt(high)}"
+        if low_open:
+            expected = f"a number above {_fmt(low)} and at most {_fmt(high)}"
+    elif low is not None:
+        expected = f"a number above {_fmt(low)}" if low_open else f"a number of at least {_fmt(low)}"
+    else:
+        expected = "a number"
+
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise _Invalid(expected)
+        if low is not None and (value <= low if low_open else value < low):
+            raise _Invalid(expected)
+        if high is not None and value > high:
+            raise _Invalid(expected)
+        return float(value)
+
+    return check
+
+
+def integer(low: int, high: int | None = None) -> Checker:
+    expected = f"an integer between {low} and {high}" if high is not None else f"an integer of at least {low}"
+
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid(expected)
+        if value < low or (high is not None and value > high):
+            raise _Invalid(expected)
+        return value
+
+    return check
+
+
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid("true or false")
+    return value
+
+
+@_takes_text
+def nonempty_text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid("a non-empty string")
+    return value
+
+
+def choice(*options: str) -> Checker:
+    expected = "one of " + ", ".join(options)
+
+    def check(value: Any) -> str:
+        if value not in options:
+            raise _Invalid(expected)
+        return str(value)
+
+    return _takes_text(check)
+
+
+_MODE_CHOICE = choice(*(m.value for m in Mode))
+
+
+@_takes_text
+def _mode(value: Any) -> Mode:
+    return Mode(_MODE_CHOICE(value))
+
+
+@_takes_text
+def path_value(value: Any) -> Path:
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid("a path")
+    return Path(value).expanduser()
+
+
+@_takes_text
+def optional_path(value: Any) -> Path | None:
+    """A path, or "" for none (TOML has no null)."""
+    if value == "":
+        return None
+    return path_value(value)
+
+
+@_takes_text
+def optional_text(value: Any) -> str | None:
+    if value == "":
+        return None
+    return nonempty_text(value)
+
+
+def argv(value: Any) -> tuple[str, ...]:
+    """A command as an argument vector (never run through a shell); [] for none."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _Invalid('a list of non-empty strings (an argument vector, e.g. ["scancel", "--signal=TERM"])')
+    return tuple(value)
+
+
+@_takes_text
+def listen_address(value: Any) -> str:
+    """``HOST:PORT`` with HOST an IPv4 address, a host name or ``[IPv6]``."""
+    expected = 'HOST:PORT (e.g. "127.0.0.1:9410" or "[::1]:9410")'
+    if not isinstance(value, str):
+        raise _Invalid(expected)
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _Invalid(expected)
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise _Invalid(expected)
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise _Invalid(expected) from None
+    elif ":" in host or any(c.isspace() for c in host):
+        raise _Invalid(expected)
+    return value
+
+
+@_takes_text
+def source_spec(value: Any) -> str:
+    expected = "auto, nvml, sim, none or replay:FILE"
+    if not isinstance(value, str):
+        raise _Invalid(expected)
+    if value in SOURCE_NAMES:
+        return value
+    if value.startswith("replay:") and len(value) > len("replay:"):
+        return value
+    raise _Invalid(expected)
+
+
+def dwell_table(value: Any) -> Mapping[str, float]:
+    """``{state = seconds}`` for the GPU states; checked key by key in :func:`_check_mapping`."""
+    raise AssertionError("handled by _check_mapping")  # pragma: no cover
+
+
+_DWELL_CHECK = number(0.0, 3600.0)
+
+
+def meta(check: Checker, doc: str) -> dict[str, Any]:
+    """A schema field's metadata: its checker and a one-line description."""
+    return {"check": check, "doc": doc}
+
+
+def _default_node() -> str:
+    return socket.gethostname()
+
+
+# --------------------------------------------------------------------------------------------------
+# The schema.
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    node: str = field(
+        default_factory=_default_node,
+        metadata=meta(nonempty_text, "node name in metrics, alerts and /status"),
+    )
+    source: str = field(default="auto", metadata=meta(source_spec, "telemetry source"))
+    listen: str = field(default="127.0.0.1:9410", metadata=meta(listen_address, "REST + /metrics address"))
+    state_dir: Path = field(
+        default=Path("/var/lib/gpu-watchdog"), metadata=meta(path_value, "event store and evidence")
+    )
+    period_s: float = field(default=1.0, metadata=meta(number(0.1, 60), "GPU telemetry period"))
+    process_period_s: float = field(
+        default=1.0, metadata=meta(number(0.1, 60), "process and progress period")
+    )
+    nvml_deadline_s: float = field(
+        default=0.5, metadata=meta(number(0.01, 10), "hard deadline of one NVML read")
+    )
+    log_level: str = field(
+        default="info", metadata=meta(choice("debug", "info", "warning", "error"), "log level")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressConfig:
+    dir: Path = field(
+        default=Path("/run/gpu-watchdog/progress"), metadata=meta(path_value, "trainer progress files")
+    )
+    stale_after_s: float = field(
+        default=600.0, metadata=meta(number(10, 86400), "silence after which a file is stale")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierConfig:
+    table: Path | None = field(
+        default=None, metadata=meta(optional_path, "power table file overriding the built-in lookup")
+    )
+    model: str | None = field(default=None, metadata=meta(optional_text, "table model forced for every GPU"))
+    dwell_s: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}),
+        metadata=meta(dwell_table, "per-state minimum dwell overrides"),
+    )
+    learn_compute_level: bool = field(
+        default=True, metadata=meta(boolean, "learn each job's steady compute power")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    suspect_after_s: float = field(
+        default=20.0, metadata=meta(number(1, 600), "frozen signature -> deadlock_suspected")
+    )
+    confirm_after_s: float = field(
+        default=120.0, metadata=meta(number(1, 3600), "frozen signature -> deadlock_confirmed")
+    )
+    power_only_suspect_after_s: float = field(
+        default=150.0, metadata=meta(number(10, 180), "suspected on power + process signals only")
+    )
+    step_stall_min_s: float = field(
+        default=15.0, metadata=meta(number(1, 3600), "shortest step freeze that counts")
+    )
+    step_stall_factor: float = field(
+        default=3.0, metadata=meta(number(1, 100), "freeze threshold in median step times")
+    )
+    io_active_bytes_per_s: float = field(
+        default=1048576.0, metadata=meta(number(0), "I/O rate above which a rank is busy with storage")
+    )
+    starvation_after_s: float = field(
+        default=60.0, metadata=meta(number(1, 3600), "sustained starvation -> verdict")
+    )
+    telemetry_lost_after_s: float = field(
+        default=10.0, metadata=meta(number(1, 600), "failed reads -> telemetry_lost")
+    )
+    lease_grace_s: float = field(
+        default=30.0, metadata=meta(number(0, 3600), "tolerance past an expired lease")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EventsConfig:
+    retention_days: float = field(
+        default=30.0, metadata=meta(number(0, 3650, low_open=True), "age limit of events")
+    )
+    max_bytes: int = field(
+        default=256 << 20, metadata=meta(integer(1 << 20), "size limit of the event database")
+    )
+    prune_interval_s: float = field(
+        default=600.0, metadata=meta(number(10, 86400), "how often retention runs")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    token_file: Path | None = field(
+        default=None, metadata=meta(optional_path, "bearer token for mutating endpoints")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ActionsConfig:
+    mode: Mode = field(default=Mode.OBSERVE, metadata=meta(_mode, "observe, alert or kill"))
+    capture_after_s: float = field(
+        default=0.0, metadata=meta(number(0, 3600), "suspected -> evidence capture")
+    )
+    capture_timeout_s: float = field(
+        default=30.0, metadata=meta(number(1, 600), "limit of one capture command")
+    )
+    alert_after_s: float = field(default=30.0, metadata=meta(number(0, 3600), "suspected -> alert"))
+    sigterm_after_s: float = field(
+        default=60.0, metadata=meta(number(0, 86400), "confirmed -> SIGTERM (kill mode)")
+    )
+    sigkill_grace_s: float = field(default=30.0, metadata=meta(number(1, 3600), "SIGTERM -> SIGKILL"))
+    max_kills_per_hour: int = field(
+        default=1, metadata=meta(integer(0, 100), "kills allowed per rolling hour")
+    )
+    kill_hook: tuple[str, ...] = field(default=(), metadata=meta(argv, "command run instead of signals"))
+    dry_run: bool = field(
+        default=False, metadata=meta(boolean, "log what would be signalled, signal nothing")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SinkConfig:
+    kind: str = field(default="webhook", metadata=meta(choice(*SINK_KINDS), "receiver type"))
+    name: str = field(default="", metadata=meta(nonempty_text, "name in logs and metrics (default: kind-N)"))
+    url: str | None = field(default=None, metadata=meta(optional_text, "receiver URL"))
+    url_file: Path | None = field(
+        default=None, metadata=meta(optional_path, "file holding the URL (Slack's is a secret)")
+    )
+    routing_key_file: Path | None = field(
+        default=None, metadata=meta(optional_path, "PagerDuty routing key file")
+    )
+    timeout_s: float = field(default=5.0, metadata=meta(number(0.1, 60), "HTTP timeout of one delivery"))
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsConfig:
+    resend_interval_s: float = field(default=60.0, metadata=meta(number(10, 3600), "re-send active alerts"))
+    retry_initial_s: float = field(
+        default=1.0, metadata=meta(number(0.1, 600), "first retry delay (doubles, with jitter)")
+    )
+    retry_max_s: float = field(default=300.0, metadata=meta(number(1, 3600), "longest retry delay"))
+    runbook_url: str | None = field(default=None, metadata=meta(optional_text, "base URL of the runbook"))
+    sinks: tuple[SinkConfig, ...] = field(
+        default=(), metadata=meta(lambda v: v, "[[alerts.sinks]] receivers")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    progress: ProgressConfig = field(default_factory=ProgressConfig)
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    events: EventsConfig = field(default_factory=EventsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    actions: ActionsConfig = field(default_factory=ActionsConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    origin: str = field(default="defaults", compare=False)
+    """Where the configuration came from (for logs): a file name or 'defaults'."""
+
+
+SECTIONS: dict[str, type] = {
+    "daemon": DaemonConfig,
+    "progress": ProgressConfig,
+    "classifier": ClassifierConfig,
+    "detector": DetectorConfig,
+    "events": EventsConfig,
+    "auth": AuthConfig,
+    "actions": ActionsConfig,
+    "alerts": AlertsConfig,
+}
+
+
+def schema_keys() -> list[str]:
+    """Every dotted key the configuration knows (``alerts.sinks.url`` for the sink tables)."""
+    keys: list[str] = []
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.name == "sinks":
+                keys += [f"alerts.sinks.{s.name}" for s in dataclasses.fields(SinkConfig)]
+            else:
+                keys.append(f"{section}.{f.name}")
+    return keys
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading.
+
+
+@dataclass
+class _Collector:
+    problems: list[str] = field(default_factory=list)
+
+    def add(self, origin: str, key: str, expected: str, value: Any) -> None:
+        self.problems.append(f"{origin}: {key}: expected {expected}, got {show(value)}")
+
+    def unknown(self, origin: str, key: str, known: Sequence[str]) -> None:
+        leaf = key.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+        self.problems.append(f"{origin}: {key}: unknown key{hint}")
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _build(
+    cls: type, raw: Mapping[str, Any], origins: Mapping[str, str], prefix: str, errors: _Collector
+) -> Any:
+    """Check ``raw`` (one section's values) against ``cls``; ``origins`` maps each key to its source."""
+    fields = _fields(cls)
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}.{key}"
+        origin = origins.get(key, "?")
+        f = fields.get(key)
+        if f is None or f.name == "origin":
+            errors.unknown(origin, dotted, [n for n in fields if n != "origin"])
+            continue
+        check: Checker = f.metadata["check"]
+        if check is dwell_table:
+            values[key] = _check_dwell(value, origin, dotted, errors)
+            continue
+        if key == "sinks" and cls is AlertsConfig:
+            values[key] = _check_sinks(value, origin, errors)
+            continue
+        try:
+            values[key] = check(value)
+        except _Invalid as e:
+            errors.add(origin, dotted, e.expected, value)
+    try:
+        return cls(**values)
+    except TypeError:  # pragma: no cover - every key was checked above
+        return cls()
+
+
+def _check_dwell(value: Any, origin: str, dotted: str, errors: _Collector) -> Mapping[str, float]:
+    if not isinstance(value, dict):
+        errors.add(origin, dotted, "a table of state = seconds", value)
+        return MappingProxyType({})
+    out: dict[str, float] = {}
+    states = [s.value for s in GpuState if s is not GpuState.UNKNOWN]
+    for state, seconds in value.items():
+        if state not in states:
+            errors.unknown(origin, f"{dotted}.{state}", states)
+            continue
+        try:
+            out[state] = _DWELL_CHECK(seconds)
+        except _Invalid as e:
+            errors.add(origin, f"{dotted}.{state}", e.expected, seconds)
+    return MappingProxyType(out)
+
+
+def _check_sinks(value: Any, origin: str, errors: _Collector) -> tuple[SinkConfig, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        errors.add(origin, "alerts.sinks", "an array of tables ([[alerts.sinks]])", value)
+        return ()
+    sinks: list[SinkConfig] = []
+    names: set[str] = set()
+    for i, table in enumerate(value):
+        prefix = f"alerts.sinks[{i}]"
+        if "kind" not in table:
+            errors.add(origin, f"{prefix}.kind", "one of " + ", ".join(SINK_KINDS), MISSING)
+            continue
+        before = len(errors.problems)
+        sink = _build(SinkConfig, table, dict.fromkeys(table, origin), prefix, errors)
+        if len(errors.problems) > before:
+            continue
+        if not sink.name:
+            sink = dataclasses.replace(sink, name=f"{sink.kind}-{i}")
+        if sink.name in names:
+            errors.add(origin, f"{prefix}.name", "a name no other sink has", sink.name)
+        names.add(sink.name)
+        if sink.kind == "pagerduty":
+            if sink.routing_key_file is None:
+                errors.add(
+                    origin, f"{prefix}.routing_key_file", "a path (PagerDuty needs a routing key)", MISSING
+                )
+            if sink.url is None:
+                sink = dataclasses.replace(sink, url=PAGERDUTY_EVENTS_URL)
+        elif (sink.url is None) == (sink.url_file is None):
+            errors.add(
+                origin,
+                f"{prefix}.url",
+                f"exactly one of url and url_file for a {sink.kind} sink",
+                sink.url or MISSING,
+            )
+        if sink.url is not None and not sink.url.startswith(("http://", "https://")):
+            errors.add(origin, f"{prefix}.url", "an http:// or https:// URL", sink.url)
+        sinks.append(sink)
+    return tuple(sinks)
+
+
+def _cross_checks(config: Config, origins: Mapping[str, str], errors: _Collector) -> None:
+    """Constraints between keys; reported against the later key."""
+    d, a = config.detector, config.actions
+
+    def origin(key: str) -> str:
+        return origins.get(key, "defaults")
+
+    if d.confirm_after_s <= d.suspect_after_s:
+        errors.add(
+            origin("detector.confirm_after_s"),
+            "detector.confirm_after_s",
+            f"a number above detector.suspect_after_s ({_fmt(d.suspect_after_s)})",
+            d.confirm_after_s,
+        )
+    if a.alert_after_s < a.capture_after_s:
+        errors.add(
+            origin("actions.alert_after_s"),
+            "actions.alert_after_s",
+            f"at least actions.capture_after_s ({_fmt(a.capture_after_s)}): evidence is captured first",
+            a.alert_after_s,
+        )
+    if config.alerts.retry_max_s < config.alerts.retry_initial_s:
+        errors.add(
+            origin("alerts.retry_max_s"),
+            "alerts.retry_max_s",
+            f"at least alerts.retry_initial_s ({_fmt(config.alerts.retry_initial_s)})",
+            config.alerts.retry_max_s,
+        )
+
+
+def parse_env_value(raw: str) -> Any:
+    """An environment value as TOML would read it (``0.5``, ``true``, ``[...]``), else the string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _string_valued(section: str, key: str) -> bool:
+    """Whether ``section.key`` holds text (so an environment value ``123`` stays the string "123")."""
+    f = _fields(SECTIONS[section]).get(key) if section in SECTIONS else None
+    return f is not None and getattr(f.metadata["check"], "takes_text", False)
+
+
+def _env_overrides(env: Mapping[str, str], errors: _Collector) -> list[tuple[list[str], Any, str]]:
+    """``GPU_WATCHDOG_A__B[__C]=value`` -> (["a", "b", "c"], value, variable name)."""
+    out = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or ENV_SEPARATOR not in name[len(ENV_PREFIX) :]:
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX) :].split(ENV_SEPARATOR)]
+        if any(not p for p in parts):
+            errors.problems.append(f"{name}: malformed override name (empty part between '__')")
+            continue
+        raw = env[name]
+        value = parse_env_value(raw)
+        if len(parts) == 2 and not isinstance(value, str) and _string_valued(*parts):
+            value = raw  # node = 123 means the name "123"
+        out.append((parts, value, name))
+    return out
+
+
+def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
+    """Defaults, then the TOML file at ``path`` (None: none), then ``GPU_WATCHDOG_*__*`` from ``env``.
+
+    Raises :class:`ConfigError` listing every problem. The CLI maps it to exit code 2.
+    """
+    errors = _Collector()
+    raw: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    origin = "defaults"
+    if path is not None:
+        origin = str(path)
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError([f"{path}: no such file"]) from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError([f"{path}: cannot read: {e}"]) from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError([f"{path}: invalid TOML: {e}"]) from None
+        for section, table in raw.items():
+            if isinstance(table, dict):
+                for key in table:
+                    origins[f"{section}.{key}"] = origin
+            else:
+                origins[section] = origin
+
+    for parts, value, name in _env_overrides(env, errors):
+        table: Any = raw
+        for part in parts[:-1]:
+            nxt = table.setdefault(part, {}) if isinstance(table, dict) else None
+            if not isinstance(nxt, dict):
+                errors.problems.append(
+                    f"{name}: {'.'.join(parts)}: cannot set a key inside a non-table value"
+                )
+                table = None
+                break
+            table = nxt
+        if table is None:
+            continue
+        if parts[:2] == ["alerts", "sinks"]:
+            errors.problems.append(f"{name}: alerts.sinks: cannot be set from the environment")
+            continue
+        table[parts[-1]] = value
+        origins[".".join(parts[:2])] = name
+
+    return _assemble(raw, origins, errors, origin)
+
+
+def _assemble(raw: Mapping[str, Any], origins: Mapping[str, str], errors: _Collector, origin: str) -> Config:
+    sections: dict[str, Any] = {}
+    for section, table in raw.items():
+        where = origins.get(section, origin)
+        if section not in SECTIONS:
+            errors.unknown(where, section, list(SECTIONS))
+            continue
+        if not isinstance(table, dict):
+            errors.add(where, section, f"a table ([{section}])", table)
+            continue
+        key_origins = {k: origins.get(f"{section}.{k}", origin) for k in table}
+        sections[section] = _build(SECTIONS[section], table, key_origins, section, errors)
+    config = Config(**sections, origin=origin)
+    _cross_checks(config, origins, errors)
+    if errors.problems:
+        raise ConfigError(errors.problems)
+    return config
+
+
+def override(config: Config, values: Mapping[str, Any], origin: str) -> Config:
+    """Apply command-line values (``{"daemon.listen": "0.0.0.0:9410"}``) through the same checks."""
+    errors = _Collector()
+    raw: dict[str, dict[str, Any]] = {}
+    origins: dict[str, str] = {}
+    for section in SECTIONS:
+        current = getattr(config, section)
+        raw[section] = {
+            f.name: _to_raw(getattr(current, f.name))
+            for f in dataclasses.fields(current)
+            if f.name != "sinks"
+        }
+        for f in dataclasses.fields(current):
+            origins[f"{section}.{f.name}"] = config.origin
+    for dotted, value in values.items():
+        section, _, key = dotted.partition(".")
+        if section not in raw:
+            errors.unknown(origin, dotted, list(SECTIONS))
+            continue
+        raw[section][key] = _to_raw(value)
+        origins[dotted] = origin
+    result = _assemble(raw, origins, errors, config.origin)
+    return dataclasses.replace(result, alerts=dataclasses.replace(result.alerts, sinks=config.alerts.sinks))
+
+
+def _to_raw(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def resolve_config_path(arg: Path | None) -> Path | None:
+    """``--config FILE`` if given (it must exist: load_config reports it), else the default file if
+    present, else None (defaults and environment only)."""
+    if arg is not None:
+        return arg
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Secrets.
+
+
+def load_secret(path: Path, what: str = "token") -> str:
+    """Read a secret (bearer token, routing key, Slack URL) from ``path``.
+
+    Refused - :class:`ConfigError` - when the file is missing, empty, not a regular file or
+    world-readable (``mode & 0o004``). The secret itself never appears in an error.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read the {what} file: {e.strerror}"]) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError([f"{path}: the {what} file is not a regular file"])
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o004:
+        raise ConfigError(
+            [
+                f"{path}: the {what} file is world-readable (mode {mode:04o}); "
+                f"refusing to use it: run `chmod o-r {path}` (0600 or 0640 are fine)"
+            ]
+        )
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"{path}: cannot read the {what} file: {e}"]) from None
+    if not value:
+        raise ConfigError([f"{path}: the {what} file is empty"])
+    return value
+
+
+def load_token(config: Config) -> str | None:
+    """The bearer token for mutating endpoints, or None when ``auth.token_file`` is not set
+    (mutating calls then answer 403)."""
+    if config.auth.token_file is None:
+        return None
+    return load_secret(config.auth.token_file, "token")

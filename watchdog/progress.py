@@ -1,0 +1,401 @@
+"""The daemon's side of the progress contract: read the trainers' progress files.
+
+Layout and fields: DESIGN "Trainer <-> watchdog" (the writer is ``trainer/progress.py``; this module
+does not import it). ``<dir>/<job>/rank-<rank>.json``.
+
+Pure parts, usable by the detector and its tests without files:
+
+- :func:`parse_record` - validate one file's bytes into a :class:`ProgressRecord` (or raise
+  :class:`ProgressFormatError` naming the field);
+- :func:`lease_state` - ``none`` / ``live`` / ``expired`` at ``now``;
+- :func:`stale_reason` - why a record is stale (``pid_gone``, ``silent``) or None;
+- :class:`StepTracker` - when each rank's step last changed ("steps frozen since").
+
+The I/O part, :class:`ProgressReader`, scans the directory once per call, re-reads a file only when its
+(mtime ns, size, inode) changed, and returns a :class:`ProgressView`. A bad file becomes a per-file
+error entry, never an exception; symlinks and files over 64 KiB are refused (the directory is
+writable by the training users' group and the daemon may run privileged).
+
+Staleness (contract): a file whose ``pid`` is gone (checked only when ``host`` is this node), or whose
+``time`` is more than ``stale_after_s`` (600 s) old without a live lease, is stale and ignored: it is
+not in :attr:`JobProgress.ranks`. It is still listed in :attr:`JobProgress.stale` with its reason,
+because a rank that is alive but silent for ten minutes is exactly what a long hang looks like and the
+detector may want to keep its last word.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import stat
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PHASES = ("init", "train", "eval", "checkpoint", "epoch_end", "done")
+FIELDS = (
+    "job",
+    "rank",
+    "local_rank",
+    "world_size",
+    "pid",
+    "host",
+    "step",
+    "epoch",
+    "tokens",
+    "phase",
+    "lease_until",
+    "time",
+)
+STALE_AFTER_S = 600.0
+MAX_FILE_BYTES = 64 * 1024
+
+
+class ProgressFormatError(ValueError):
+    """A progress file that does not follow the contract."""
+
+
+class LeaseState(StrEnum):
+    NONE = "none"
+    """No lease (the train phase)."""
+    LIVE = "live"
+    EXPIRED = "expired"
+
+
+class StaleReason(StrEnum):
+    PID_GONE = "pid_gone"
+    SILENT = "silent"
+    """Not written for ``stale_after_s`` and no live lease."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressRecord:
+    """One rank's progress file, validated. Times are epoch seconds."""
+
+    job: str
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+    host: str
+    step: int
+    epoch: int
+    tokens: int
+    phase: str
+    lease_until: float | None
+    time: float
+
+
+# ------------------------------------------------------------------------------------------ pure
+
+
+def _int(data: Mapping[str, Any], name: str, low: int = 0) -> int:
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ProgressFormatError(f"{name}: expected an integer >= {low}, got {value!r}")
+    return value
+
+
+def _time(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProgressFormatError(f"{name}: expected epoch seconds, got {value!r}")
+    return float(value)
+
+
+def parse_record(data: bytes | str) -> ProgressRecord:
+    """Validate one progress file's content. Raises :class:`ProgressFormatError`."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProgressFormatError(f"not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProgressFormatError("expected a JSON object")
+    missing = [f for f in FIELDS if f not in obj]
+    if missing:
+        raise ProgressFormatError(f"missing field(s): {', '.join(missing)}")
+    job, host, phase = obj["job"], obj["host"], obj["phase"]
+    if not isinstance(job, str) or not job:
+        raise ProgressFormatError(f"job: expected a non-empty string, got {job!r}")
+    if not isinstance(host, str):
+        raise ProgressFormatError(f"host: expected a string, got {host!r}")
+    if phase not in PHASES:
+        raise ProgressFormatError(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
+    rank, world_size = _int(obj, "rank"), _int(obj, "world_size", 1)
+    if rank >= world_size:
+        raise ProgressFormatError(f"rank: expected below world_size {world_size}, got {rank}")
+    lease = obj["lease_until"]
+    lease_until = None if lease is None else _time(lease, "lease_until")
+    if phase != "train" and lease_until is None:
+        raise ProgressFormatError(f"lease_until: the {phase} phase needs a lease, got null")
+    return ProgressRecord(
+        job=job,
+        rank=rank,
+        local_rank=_int(obj, "local_rank"),
+        world_size=world_size,
+        pid=_int(obj, "pid", 1),
+        host=host,
+        step=_int(obj, "step"),
+        epoch=_int(obj, "epoch"),
+        tokens=_int(obj, "tokens"),
+        phase=phase,
+        lease_until=lease_until,
+        time=_time(obj["time"], "time"),
+    )
+
+
+def lease_state(record: ProgressRecord, now_s: float) -> LeaseState:
+    if record.lease_until is None:
+        return LeaseState.NONE
+    return LeaseState.LIVE if now_s <= record.lease_until else LeaseState.EXPIRED
+
+
+def stale_reason(
+    record: ProgressRecord,
+    now_s: float,
+    *,
+    pid_alive: bool | None,
+    stale_after_s: float = STALE_AFTER_S,
+) -> StaleReason | None:
+    """Why ``record`` is stale, or None. ``pid_alive`` None: unknown (another host's file)."""
+    if pid_alive is False:
+        return StaleReason.PID_GONE
+    if now_s - record.time > stale_after_s and lease_state(record, now_s) is not LeaseState.LIVE:
+        return StaleReason.SILENT
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class StepMark:
+    step: int
+    since_s: float
+    """When the rank reported this step (the writer's ``time`` of the first record showing it)."""
+
+
+class StepTracker:
+    """Remembers, per (job, rank), the step and when it was first reported.
+
+    The first sight of a rank uses the record's own ``time``: the writer writes at least at every
+    step change (rate-limited to 1/s), so a file that has not changed since is a step not advanced
+    since then - right even when the daemon starts in the middle of a hang. A step going backwards
+    (a restart from a checkpoint) counts as a change.
+    """
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[str, int], StepMark] = {}
+
+    def observe(self, record: ProgressRecord) -> StepMark:
+        key = (record.job, record.rank)
+        mark = self._marks.get(key)
+        if mark is None or mark.step != record.step:
+            mark = StepMark(record.step, record.time)
+            self._marks[key] = mark
+        return mark
+
+    def get(self, job: str, rank: int) -> StepMark | None:
+        return self._marks.get((job, rank))
+
+    def forget(self, keep: Iterable[tuple[str, int]]) -> None:
+        """Drop every (job, rank) not in ``keep`` (files that disappeared)."""
+        keep = set(keep)
+        for key in [k for k in self._marks if k not in keep]:
+            del self._marks[key]
+
+
+# ------------------------------------------------------------------------------------------- view
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgress:
+    record: ProgressRecord
+    path: Path
+    step_since_s: float
+    """When ``record.step`` was first reported: steps frozen since then if they no longer advance."""
+    lease: LeaseState
+    stale: StaleReason | None
+
+    @property
+    def rank(self) -> int:
+        return self.record.rank
+
+    @property
+    def step(self) -> int:
+        return self.record.step
+
+    @property
+    def phase(self) -> str:
+        return self.record.phase
+
+    @property
+    def lease_until(self) -> float | None:
+        return self.record.lease_until
+
+    def step_frozen_s(self, now_s: float) -> float:
+        """Seconds since the step last advanced."""
+        return max(0.0, now_s - self.step_since_s)
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    job: str
+    ranks: Mapping[int, RankProgress]
+    """Live ranks (stale ones excluded), by rank."""
+    stale: Mapping[int, RankProgress] = field(default_factory=dict)
+    """Stale ranks, with :attr:`RankProgress.stale` saying why; ignored by default."""
+
+    @property
+    def world_size(self) -> int | None:
+        sizes = {r.record.world_size for r in self.ranks.values()}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    @property
+    def phases(self) -> dict[str, list[int]]:
+        """Phase -> ranks in it (live ranks). More than one key is phase disagreement."""
+        out: dict[str, list[int]] = {}
+        for rank, r in sorted(self.ranks.items()):
+            out.setdefault(r.phase, []).append(rank)
+        return out
+
+    def steps_frozen_since_s(self) -> float | None:
+        """The latest step change over the live ranks: every rank's step has been frozen since then."""
+        return max((r.step_since_s for r in self.ranks.values()), default=None)
+
+    def pids(self) -> dict[int, int]:
+        """Rank -> pid of the live ranks (for the process inspector)."""
+        return {rank: r.record.pid for rank, r in self.ranks.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class FileError:
+    path: Path
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressView:
+    time_s: float
+    jobs: Mapping[str, JobProgress]
+    """Jobs with at least one file (live or stale), by name."""
+    errors: tuple[FileError, ...] = ()
+    directory_present: bool = True
+
+
+# ------------------------------------------------------------------------------------------ reader
+
+
+@dataclass(slots=True)
+class _Cached:
+    key: tuple[int, int, int]
+    record: ProgressRecord | None
+    error: str | None
+
+
+def _rank_of(name: str) -> int | None:
+    if not (name.startswith("rank-") and name.endswith(".json")):
+        return None
+    digits = name[len("rank-") : -len(".json")]
+    return int(digits) if digits.isdigit() else None
+
+
+class ProgressReader:
+    """Scans the progress directory; cheap when nothing changed (a ``stat`` per file)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        stale_after_s: float = STALE_AFTER_S,
+        pid_exists: Callable[[int], bool] = psutil.pid_exists,
+        host: str | None = None,
+    ) -> None:
+        """``pid_exists`` is consulted for files whose ``host`` is this node (``host``, default the
+        host name); it is injectable for tests."""
+        self.directory = Path(directory)
+        self.stale_after_s = stale_after_s
+        self._pid_exists = pid_exists
+        self.host = socket.gethostname() if host is None else host
+        self._cache: dict[Path, _Cached] = {}
+        self.tracker = StepTracker()
+        self.reads_total = 0
+        """Files actually opened and parsed (not served from the cache)."""
+
+    def read(self, now_s: float) -> ProgressView:
+        errors: list[FileError] = []
+        seen: dict[Path, _Cached] = {}
+        try:
+            job_dirs = [e for e in os.scandir(self.directory) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            self._cache.clear()
+            self.tracker.forget(())
+            return ProgressView(now_s, {}, (), directory_present=False)
+        except OSError as e:
+            return ProgressView(now_s, {}, (FileError(self.directory, str(e)),))
+
+        for job_dir in job_dirs:
+            try:
+                entries = list(os.scandir(job_dir.path))
+            except OSError as e:
+                errors.append(FileError(Path(job_dir.path), str(e)))
+                continue
+            for entry in entries:
+                rank = _rank_of(entry.name)
+                if rank is None:
+                    continue  # temp files of writers, anything else
+                path = Path(entry.path)
+                seen[path] = self._load(path, entry, job_dir.name, rank)
+
+        self._cache = seen
+        jobs: dict[str, tuple[dict[int, RankProgress], dict[int, RankProgress]]] = {}
+        keep: list[tuple[str, int]] = []
+        for path, cached in sorted(seen.items()):
+            if cached.record is None:
+                errors.append(FileError(path, cached.error or "unreadable"))
+                continue
+            record = cached.record
+            mark = self.tracker.observe(record)
+            keep.append((record.job, record.rank))
+            alive = self._pid_exists(record.pid) if record.host == self.host else None
+            reason = stale_reason(record, now_s, pid_alive=alive, stale_after_s=self.stale_after_s)
+            view = RankProgress(record, path, mark.since_s, lease_state(record, now_s), reason)
+            live, stale = jobs.setdefault(record.job, ({}, {}))
+            (stale if reason else live)[record.rank] = view
+        self.tracker.forget(keep)
+        return ProgressView(
+            now_s,
+            {job: JobProgress(job, live, stale) for job, (live, stale) in sorted(jobs.items())},
+            tuple(errors),
+        )
+
+    def _load(self, path: Path, entry: os.DirEntry[str], job: str, rank: int) -> _Cached:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as e:
+            return _Cached((0, 0, 0), None, str(e))
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = self._cache.get(path)
+        if cached is not None and cached.key == key:
+            return cached
+        if not stat.S_ISREG(st.st_mode):
+            return _Cached(key, None, "not a regular file (symlinks are refused)")
+        if st.st_size > MAX_FILE_BYTES:
+            return _Cached(key, None, f"{st.st_size} bytes, more than {MAX_FILE_BYTES}")
+        self.reads_total += 1
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                data = os.read(fd, MAX_FILE_BYTES + 1)
+            finally:
+                os.close(fd)
+            record = parse_record(data)
+        except ProgressFormatError as e:
+            return _Cached(key, None, str(e))
+        except OSError as e:
+            return _Cached(key, None, str(e))
+        if record.job != job or record.rank != rank:
+            return _Cached(key, None, f"holds job {record.job!r} rank {record.rank}, not its path's")
+        return _Cached(key, record, None)
