@@ -1,0 +1,222 @@
+"""Prometheus exposition of a snapshot: names, labels, one-hot encodings, and promtool's lint."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+
+import prometheus_client
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from tests.conftest import require_binary
+from tests.watchdog.snapshots import T0, rank_status, snapshot
+from watchdog.metrics import METRIC_NAMES, _check_unit, make_registry, render
+from watchdog.publish import SnapshotHolder
+from watchdog.snapshot import Snapshot
+from watchdog.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
+
+
+def full_snapshot() -> Snapshot:
+    """Every metric family has samples: a deadlocked job with a rank on a lease, an idle second job."""
+    snap = snapshot(gpus=4, verdict=Verdict.DEADLOCK_SUSPECTED, jobs=2, mode=Mode.KILL, armed=True)
+    job = snap.jobs[0]
+    ranks = (rank_status(0, phase="epoch_end"), *job.ranks[1:])
+    return replace(snap, jobs=(replace(job, ranks=ranks), snap.jobs[1]))
+
+
+def scrape(snap: Snapshot | None, *, process_metrics: bool = False) -> str:
+    body, _content_type = render(make_registry(SnapshotHolder(snap), process_metrics=process_metrics))
+    return body.decode()
+
+
+def samples(text: str) -> dict[str, list[Sample]]:
+    by_name: dict[str, list[Sample]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            by_name.setdefault(sample.name, []).append(sample)
+    return by_name
+
+
+def types(text: str) -> dict[str, str]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        # The text parser strips "_total" from counter family names; the samples keep it.
+        name = family.name + "_total" if family.type == "counter" else family.name
+        found[name] = "info" if name.endswith("_info") else family.type
+    return found
+
+
+def test_every_documented_family_is_exposed_with_its_type() -> None:
+    assert types(scrape(full_snapshot())) == METRIC_NAMES
+
+
+def test_contract_names_from_design() -> None:
+    names = samples(scrape(full_snapshot())).keys()
+    for name in (
+        "gpu_watchdog_power_watts",
+        "gpu_watchdog_energy_joules_total",
+        "gpu_watchdog_utilization_ratio",
+        "gpu_watchdog_state",
+        "gpu_watchdog_verdict",
+        "gpu_watchdog_rank_step",
+        "gpu_watchdog_actions_total",
+        "gpu_watchdog_sample_duration_seconds",
+        "gpu_watchdog_last_sample_timestamp_seconds",
+        "gpu_watchdog_info",
+    ):
+        assert name in names
+    assert not [n for n in names if "_watts_watts" in n or "_seconds_seconds" in n or "_total_total" in n]
+
+
+def test_per_gpu_series_carry_index_and_uuid() -> None:
+    by_name = samples(scrape(full_snapshot()))
+    power = {s.labels["gpu"]: s for s in by_name["gpu_watchdog_power_watts"]}
+    assert sorted(power) == ["0", "1", "2", "3"]
+    assert power["2"].labels == {"gpu": "2", "uuid": "GPU-00000002-0000-4000-8000-000000000000"}
+    assert power["2"].value == 230.0
+    limits = {s.labels["gpu"]: s.value for s in by_name["gpu_watchdog_power_limit_watts"]}
+    assert limits == {str(g): 1100.0 for g in range(4)}
+    energy = {s.labels["gpu"]: s.value for s in by_name["gpu_watchdog_energy_joules_total"]}
+    assert energy["3"] == 1_000_003.0
+    assert {s.value for s in by_name["gpu_watchdog_memory_used_bytes"]} == {150.0 * 2**30}
+    assert {s.value for s in by_name["gpu_watchdog_temperature_celsius"]} == {61.0}
+    assert {s.value for s in by_name["gpu_watchdog_sm_clock_hertz"]} == {1965e6}
+    assert {s.value for s in by_name["gpu_watchdog_state_since_timestamp_seconds"]} == {T0 - 60.0}
+    assert {s.labels["gpu"] for s in by_name["gpu_watchdog_read_errors_total"]} == {"0", "1", "2", "3"}
+
+
+def test_gpu_state_is_one_hot_over_every_state() -> None:
+    snap = snapshot(gpus=3)
+    gpus = (
+        snap.gpus[0],
+        replace(snap.gpus[1], state=GpuState.COMMUNICATION),
+        replace(snap.gpus[2], state=GpuState.UNKNOWN, power_w=None),
+    )
+    state = samples(scrape(replace(snap, gpus=gpus)))["gpu_watchdog_state"]
+    assert len(state) == 3 * len(GPU_STATES)
+    hot = {(s.labels["gpu"], s.labels["state"]) for s in state if s.value == 1.0}
+    assert hot == {("0", "compute"), ("1", "communication"), ("2", "unknown")}
+    assert {s.value for s in state} == {0.0, 1.0}
+    assert {s.labels["state"] for s in state} == {s.value for s in GPU_STATES}
+
+
+def test_unknown_values_are_left_out_not_invented() -> None:
+    snap = snapshot(gpus=2)
+    lost = replace(
+        snap.gpus[1],
+        power_w=None,
+        utilization_ratio=float("nan"),
+        temperature_c=None,
+        state=GpuState.UNKNOWN,
+        read_errors_total=7,
+    )
+    by_name = samples(scrape(replace(snap, gpus=(snap.gpus[0], lost), last_sample_time=None)))
+    assert [s.labels["gpu"] for s in by_name["gpu_watchdog_power_watts"]] == ["0"]
+    assert [s.labels["gpu"] for s in by_name["gpu_watchdog_utilization_ratio"]] == ["0"]
+    assert [s.labels["gpu"] for s in by_name["gpu_watchdog_temperature_celsius"]] == ["0"]
+    errors = {s.labels["gpu"]: s.value for s in by_name["gpu_watchdog_read_errors_total"]}
+    assert errors == {"0": 0.0, "1": 7.0}
+    assert "gpu_watchdog_last_sample_timestamp_seconds" not in by_name
+
+
+def test_verdicts_are_one_hot_per_job_with_onset_and_ranks() -> None:
+    by_name = samples(scrape(full_snapshot()))
+    verdict = by_name["gpu_watchdog_verdict"]
+    assert len(verdict) == 2 * len(VERDICTS)
+    hot = {(s.labels["job"], s.labels["verdict"]) for s in verdict if s.value == 1.0}
+    assert hot == {("qwen3-32b-ft", "deadlock_suspected"), ("job-1", "healthy")}
+    onset = {s.labels["job"]: s.value for s in by_name["gpu_watchdog_verdict_onset_timestamp_seconds"]}
+    assert onset == {"qwen3-32b-ft": T0 - 60.0}  # the healthy job has no onset
+    raised = {s.labels["job"]: s.value for s in by_name["gpu_watchdog_verdict_raised_timestamp_seconds"]}
+    assert raised == {"qwen3-32b-ft": T0 - 20.0}
+    steps = {(s.labels["job"], s.labels["rank"]): s.value for s in by_name["gpu_watchdog_rank_step"]}
+    assert steps[("qwen3-32b-ft", "3")] == 1200.0
+    assert len(steps) == 4 + 1
+    leases = by_name["gpu_watchdog_rank_lease_until_timestamp_seconds"]
+    assert [(s.labels, s.value) for s in leases] == [({"job": "qwen3-32b-ft", "rank": "0"}, T0 + 30.0)]
+
+
+def test_daemon_health_mode_and_info() -> None:
+    by_name = samples(scrape(full_snapshot()))
+
+    def value(name: str) -> float:
+        (sample,) = by_name[name]
+        return sample.value
+
+    assert value("gpu_watchdog_sample_duration_seconds") == 0.0021
+    assert value("gpu_watchdog_last_sample_timestamp_seconds") == T0 - 0.01
+    assert value("gpu_watchdog_last_cycle_timestamp_seconds") == T0
+    assert value("gpu_watchdog_period_seconds") == 1.0
+    assert value("gpu_watchdog_cycles_total") == 42.0
+    assert value("gpu_watchdog_armed") == 1.0
+    mode = {s.labels["mode"]: s.value for s in by_name["gpu_watchdog_mode"]}
+    assert mode == {"observe": 0.0, "alert": 0.0, "kill": 1.0}
+    (info,) = by_name["gpu_watchdog_info"]
+    assert info.labels == {"version": "0.1.0", "node": "node-a", "source": "sim"}
+    assert info.value == 1.0
+    actions = {
+        (s.labels["action"], s.labels["result"]): s.value for s in by_name["gpu_watchdog_actions_total"]
+    }
+    assert actions == {("capture", "ok"): 2.0, ("alert", "failed"): 1.0}
+
+
+def test_nothing_of_ours_before_the_first_cycle() -> None:
+    assert scrape(None) == ""
+
+
+def test_each_scrape_renders_the_latest_snapshot() -> None:
+    holder = SnapshotHolder(snapshot(cycle=1))
+    registry = make_registry(holder, process_metrics=False)
+    assert "gpu_watchdog_cycles_total 1.0" in render(registry)[0].decode()
+    holder.publish(snapshot(cycle=2))
+    assert "gpu_watchdog_cycles_total 2.0" in render(registry)[0].decode()
+
+
+def test_the_global_registry_is_left_alone() -> None:
+    make_registry(SnapshotHolder(full_snapshot()))
+    global_text = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
+    assert "gpu_watchdog_" not in global_text
+
+
+def test_process_metrics_are_included_by_default() -> None:
+    assert "process_resident_memory_bytes" in scrape(full_snapshot(), process_metrics=True)
+
+
+def test_openmetrics_rendering_parses() -> None:
+    registry = make_registry(SnapshotHolder(full_snapshot()), process_metrics=False)
+    body, content_type = render(registry, "application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text")
+    families = {f.name: f for f in parse_openmetrics(body.decode())}
+    assert families["gpu_watchdog_energy_joules"].type == "counter"
+    assert families["gpu_watchdog_energy_joules"].unit == "joules"
+    assert families["gpu_watchdog_power_watts"].unit == "watts"
+    assert families["gpu_watchdog"].type == "info"
+
+
+def test_a_name_without_its_unit_is_refused() -> None:
+    with pytest.raises(ValueError, match="unit"):
+        _check_unit("gpu_watchdog_power", "watts")
+    _check_unit("gpu_watchdog_energy_joules_total", "joules")
+
+
+def test_promtool_finds_nothing_to_complain_about() -> None:
+    promtool = require_binary("promtool", "Debian package 'prometheus' (scripts/install-system-deps.sh)")
+    text = scrape(full_snapshot(), process_metrics=True)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_promtool_would_complain_about_a_bad_exposition() -> None:
+    # The check above can fail: promtool does flag a counter without _total and a non-base unit.
+    promtool = require_binary("promtool", "Debian package 'prometheus' (scripts/install-system-deps.sh)")
+    bad = "# HELP x_power_milliwatts p\n# TYPE x_power_milliwatts counter\nx_power_milliwatts 1\n"
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=bad, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    assert "_total" in result.stdout + result.stderr

@@ -1,0 +1,179 @@
+"""uvicorn in a daemon thread, with its own event loop, beside the sampling loop.
+
+The main thread belongs to the loop, which owns the signals (SIGTERM, SIGHUP): uvicorn here installs
+no signal handlers (as glances' ``GlancesUvicornServer`` does) and leaves logging configuration to the
+daemon (``log_config=None``; access log off by default). The listening socket is bound before the
+thread starts, so a taken port fails :meth:`HttpServer.start` at once with "HOST:PORT is in use", and
+``port=0`` picks a free port that :attr:`HttpServer.port` then reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import uvicorn
+from starlette.types import ASGIApp
+
+log = logging.getLogger(__name__)
+
+
+class PortInUseError(OSError):
+    """The address to listen on is taken by another process: ``str()`` is "HOST:PORT is in use"."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(errno.EADDRINUSE, f"{host}:{port} is in use")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class _ThreadServer(uvicorn.Server):
+    """A uvicorn server that never touches signal handlers (the main loop owns them)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # uvicorn >= 0.29
+        yield
+
+    def install_signal_handlers(self) -> None:  # older uvicorn
+        return None
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(
+            host, port, family=socket.AF_UNSPEC, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, _type, proto, _name, address = infos[0]
+    except socket.gaierror as error:
+        raise OSError(f"cannot resolve listen address {host!r}: {error}") from error
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it Nagle + delayed ACK add 40 ms to every keep-alive response (headers and body are
+    # written separately).
+    sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # As uvicorn does: allows a restart while old connections sit in TIME_WAIT, but never two
+        # listeners on one port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise PortInUseError(host, port) from error
+        raise OSError(error.errno, f"cannot listen on {host}:{port}: {error.strerror}") from error
+    return sock
+
+
+class HttpServer:
+    """Serve ``app`` on ``host:port`` from a daemon thread. ``start()`` returns once listening."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 9410,
+        *,
+        access_log: bool = False,
+        log_level: str = "warning",
+    ) -> None:
+        self.app = app
+        self.host = host
+        self._requested_port = port
+        self._access_log = access_log
+        self._log_level = log_level
+        self._socket: socket.socket | None = None
+        self._bound_port: int | None = None
+        self._server: _ThreadServer | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the free one chosen for ``port=0``) once started, else the requested one."""
+        return self._bound_port if self._bound_port is not None else self._requested_port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Bind, start serving and wait until uvicorn is accepting. Raises :class:`PortInUseError`
+        ("127.0.0.1:9410 is in use") or RuntimeError when the server does not come up in time."""
+        if self._thread is not None:
+            raise RuntimeError("HttpServer already started")
+        self._socket = _bind(self.host, self._requested_port)
+        self._bound_port = int(self._socket.getsockname()[1])
+        config = uvicorn.Config(
+            self.app,
+            loop="asyncio",
+            lifespan="auto",
+            log_config=None,
+            log_level=self._log_level,
+            access_log=self._access_log,
+            timeout_graceful_shutdown=5,
+            server_header=False,
+        )
+        self._server = _ThreadServer(config)
+        self._thread = threading.Thread(target=self._serve, name="http-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                self._cleanup()
+                raise RuntimeError(f"HTTP server on {self.host}:{self.port} exited at start: {self._error!r}")
+            if time.monotonic() > deadline:
+                self.stop(1.0)
+                raise RuntimeError(
+                    f"HTTP server on {self.host}:{self.port} not listening after {timeout_s} s"
+                )
+            time.sleep(0.005)
+        log.info("listening on %s", self.url)
+
+    def _serve(self) -> None:
+        assert self._server is not None and self._socket is not None
+        try:
+            self._server.run(sockets=[self._socket])
+        except BaseException as error:  # reported by start()/stop(); never kills the process
+            self._error = error
+            log.exception("HTTP server failed")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop accepting, let requests in flight finish (up to ``timeout_s``), then force-close."""
+        server, thread = self._server, self._thread
+        if server is None or thread is None:
+            self._cleanup()
+            return
+        server.should_exit = True
+        thread.join(timeout_s)
+        if thread.is_alive():
+            server.force_exit = True
+            thread.join(1.0)
+        if thread.is_alive():
+            log.warning("HTTP server thread did not stop within %.1f s", timeout_s + 1.0)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> HttpServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,291 @@
+"""Prometheus exposition of the latest :class:`~watchdog.snapshot.Snapshot`, rendered at scrape time.
+
+The loop updates no metric objects: a custom collector reads the latest published snapshot when
+Prometheus scrapes and turns it into metric families. Names follow the Prometheus conventions
+(prefix ``gpu_watchdog_``, base units, ``_total`` for counters, ``_timestamp_seconds`` for epoch
+times, one-hot gauges for enumerations); per-GPU series carry ``gpu`` (the index) and ``uuid``.
+A value the snapshot does not have (``None`` or not finite) is left out rather than exported as a
+made-up number, so ``absent()``/staleness work as Prometheus users expect.
+
+prometheus_client appends ``unit`` to a name that does not already end with it; every name here is
+spelled out in full *and* ends with its unit, which :func:`_check_unit` enforces, so a series never
+becomes ``..._watts_watts``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from watchdog.publish import SnapshotHolder
+from watchdog.snapshot import GpuStatus, Snapshot
+from watchdog.states import GPU_STATES, VERDICTS, Mode
+
+PREFIX = "gpu_watchdog_"
+GPU_LABELS = ("gpu", "uuid")
+
+#: Every metric family the snapshot collector can emit (name as exposed, type), for docs and tests.
+METRIC_NAMES: dict[str, str] = {
+    "gpu_watchdog_power_watts": "gauge",
+    "gpu_watchdog_power_limit_watts": "gauge",
+    "gpu_watchdog_energy_joules_total": "counter",
+    "gpu_watchdog_utilization_ratio": "gauge",
+    "gpu_watchdog_memory_used_bytes": "gauge",
+    "gpu_watchdog_temperature_celsius": "gauge",
+    "gpu_watchdog_sm_clock_hertz": "gauge",
+    "gpu_watchdog_state": "gauge",
+    "gpu_watchdog_state_since_timestamp_seconds": "gauge",
+    "gpu_watchdog_read_errors_total": "counter",
+    "gpu_watchdog_verdict": "gauge",
+    "gpu_watchdog_verdict_onset_timestamp_seconds": "gauge",
+    "gpu_watchdog_verdict_raised_timestamp_seconds": "gauge",
+    "gpu_watchdog_rank_step": "gauge",
+    "gpu_watchdog_rank_lease_until_timestamp_seconds": "gauge",
+    "gpu_watchdog_actions_total": "counter",
+    "gpu_watchdog_sample_duration_seconds": "gauge",
+    "gpu_watchdog_last_sample_timestamp_seconds": "gauge",
+    "gpu_watchdog_last_cycle_timestamp_seconds": "gauge",
+    "gpu_watchdog_period_seconds": "gauge",
+    "gpu_watchdog_start_timestamp_seconds": "gauge",
+    "gpu_watchdog_cycles_total": "counter",
+    "gpu_watchdog_armed": "gauge",
+    "gpu_watchdog_mode": "gauge",
+    "gpu_watchdog_info": "info",
+}
+
+
+def _finite(value: float | int | None) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _check_unit(name: str, unit: str) -> None:
+    if unit and not name.removesuffix("_total").endswith("_" + unit):
+        raise ValueError(f"metric {name} must end with its unit {unit!r}")
+
+
+def _gauge(name: str, documentation: str, labels: Iterable[str], unit: str = "") -> GaugeMetricFamily:
+    _check_unit(name, unit)
+    return GaugeMetricFamily(name, documentation, labels=list(labels), unit=unit)
+
+
+def _counter(name: str, documentation: str, labels: Iterable[str], unit: str = "") -> CounterMetricFamily:
+    _check_unit(name, unit)
+    return CounterMetricFamily(name, documentation, labels=list(labels), unit=unit)
+
+
+def _gpu_labels(gpu: GpuStatus) -> list[str]:
+    return [str(gpu.gpu), gpu.uuid or ""]
+
+
+def _gpu_metrics(gpus: tuple[GpuStatus, ...]) -> Iterator[Metric]:
+    per_gpu: list[tuple[Metric, str]] = [
+        (_gauge(PREFIX + "power_watts", "Board power draw.", GPU_LABELS, "watts"), "power_w"),
+        (
+            _gauge(PREFIX + "power_limit_watts", "Enforced board power limit.", GPU_LABELS, "watts"),
+            "power_limit_w",
+        ),
+        (
+            _counter(
+                PREFIX + "energy_joules_total",
+                "Energy the GPU consumed since the driver loaded.",
+                GPU_LABELS,
+                "joules",
+            ),
+            "energy_j",
+        ),
+        (
+            _gauge(
+                PREFIX + "utilization_ratio",
+                "Share of the last sample period in which a kernel ran (0..1; a spinning kernel counts).",
+                GPU_LABELS,
+                "ratio",
+            ),
+            "utilization_ratio",
+        ),
+        (
+            _gauge(PREFIX + "memory_used_bytes", "GPU memory in use.", GPU_LABELS, "bytes"),
+            "memory_used_bytes",
+        ),
+        (
+            _gauge(PREFIX + "temperature_celsius", "GPU temperature.", GPU_LABELS, "celsius"),
+            "temperature_c",
+        ),
+        (
+            _gauge(
+                PREFIX + "state_since_timestamp_seconds",
+                "When the GPU entered its current state (epoch seconds).",
+                GPU_LABELS,
+                "seconds",
+            ),
+            "state_since",
+        ),
+    ]
+    sm_clock = _gauge(PREFIX + "sm_clock_hertz", "Streaming-multiprocessor clock.", GPU_LABELS, "hertz")
+    state = _gauge(
+        PREFIX + "state", "Classified GPU state (one-hot over all states).", [*GPU_LABELS, "state"]
+    )
+    read_errors = _counter(
+        PREFIX + "read_errors_total", "Failed or late telemetry reads of the GPU.", ["gpu"]
+    )
+    for gpu in gpus:
+        labels = _gpu_labels(gpu)
+        for family, attribute in per_gpu:
+            value = _finite(getattr(gpu, attribute))
+            if value is not None:
+                family.add_metric(labels, value)
+        clock_mhz = _finite(gpu.sm_clock_mhz)
+        if clock_mhz is not None:
+            sm_clock.add_metric(labels, clock_mhz * 1e6)
+        for candidate in GPU_STATES:
+            state.add_metric([*labels, candidate.value], 1.0 if gpu.state == candidate else 0.0)
+        read_errors.add_metric([str(gpu.gpu)], float(gpu.read_errors_total))
+    for family, _attribute in per_gpu:
+        yield family
+    yield from (sm_clock, state, read_errors)
+
+
+def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    verdict = _gauge(
+        PREFIX + "verdict", "Verdict per job on this node (one-hot over all verdicts).", ["job", "verdict"]
+    )
+    onset = _gauge(
+        PREFIX + "verdict_onset_timestamp_seconds",
+        "When the signature behind the job's verdict began (epoch seconds).",
+        ["job"],
+        "seconds",
+    )
+    raised = _gauge(
+        PREFIX + "verdict_raised_timestamp_seconds",
+        "When the job's current verdict was raised (epoch seconds).",
+        ["job"],
+        "seconds",
+    )
+    step = _gauge(PREFIX + "rank_step", "Optimizer step each rank last reported.", ["job", "rank"])
+    lease = _gauge(
+        PREFIX + "rank_lease_until_timestamp_seconds",
+        "Until when a rank's non-train phase lease runs (epoch seconds).",
+        ["job", "rank"],
+        "seconds",
+    )
+    for job in snapshot.jobs:
+        for candidate in VERDICTS:
+            verdict.add_metric([job.job, candidate.value], 1.0 if job.verdict == candidate else 0.0)
+        for family, value in ((onset, job.onset), (raised, job.raised)):
+            number = _finite(value)
+            if number is not None:
+                family.add_metric([job.job], number)
+        for rank in job.ranks:
+            rank_labels = [job.job, str(rank.rank)]
+            if rank.step is not None:
+                step.add_metric(rank_labels, float(rank.step))
+            lease_until = _finite(rank.lease_until)
+            if lease_until is not None:
+                lease.add_metric(rank_labels, lease_until)
+    yield from (verdict, onset, raised, step, lease)
+
+
+def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    actions = _counter(PREFIX + "actions_total", "Actions taken, by action and result.", ["action", "result"])
+    for (action, result), count in sorted(snapshot.actions.items()):
+        actions.add_metric([action, result], float(count))
+    yield actions
+
+    sample = _gauge(
+        PREFIX + "sample_duration_seconds", "Wall time the last telemetry read took.", [], "seconds"
+    )
+    sample.add_metric([], _finite(snapshot.sample_duration_s) or 0.0)
+    yield sample
+    if _finite(snapshot.last_sample_time) is not None:
+        last = _gauge(
+            PREFIX + "last_sample_timestamp_seconds",
+            "When the last telemetry sample was taken (epoch seconds).",
+            [],
+            "seconds",
+        )
+        last.add_metric([], float(snapshot.last_sample_time or 0.0))
+        yield last
+    cycle = _gauge(
+        PREFIX + "last_cycle_timestamp_seconds",
+        "When the last cycle was published (epoch seconds).",
+        [],
+        "seconds",
+    )
+    cycle.add_metric([], snapshot.time)
+    yield cycle
+    period = _gauge(PREFIX + "period_seconds", "Configured cycle period.", [], "seconds")
+    period.add_metric([], snapshot.period_s)
+    yield period
+    if snapshot.started_at:
+        started = _gauge(
+            PREFIX + "start_timestamp_seconds", "When the daemon started (epoch seconds).", [], "seconds"
+        )
+        started.add_metric([], snapshot.started_at)
+        yield started
+    cycles = _counter(PREFIX + "cycles_total", "Cycles completed since start.", [])
+    cycles.add_metric([], float(snapshot.counters.get("cycles_total", snapshot.cycle)))
+    yield cycles
+    armed = _gauge(PREFIX + "armed", "1 when the daemon is armed to act (alert or kill), else 0.", [])
+    armed.add_metric([], 1.0 if snapshot.armed else 0.0)
+    yield armed
+    mode = _gauge(PREFIX + "mode", "Action mode (one-hot over observe, alert, kill).", ["mode"])
+    for candidate in Mode:
+        mode.add_metric([candidate.value], 1.0 if snapshot.mode == candidate else 0.0)
+    yield mode
+    info = InfoMetricFamily(PREFIX.removesuffix("_"), "The daemon's version, node and telemetry source.")
+    info.add_metric([], {"version": snapshot.version, "node": snapshot.node, "source": snapshot.source})
+    yield info
+
+
+def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    """All metric families for one snapshot (pure: the snapshot in, families out)."""
+    yield from _gpu_metrics(snapshot.gpus)
+    yield from _job_metrics(snapshot)
+    yield from _daemon_metrics(snapshot)
+
+
+class SnapshotCollector(Collector):
+    """Renders the latest published snapshot at scrape time; emits nothing before the first cycle."""
+
+    def __init__(self, snapshots: SnapshotHolder) -> None:
+        self._snapshots = snapshots
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self._snapshots.latest()
+        if snapshot is None:
+            return []
+        return list(snapshot_metrics(snapshot))
+
+    def describe(self) -> Iterable[Metric]:
+        # Declaring no metrics up front keeps registration from calling collect() (the names are
+        # dynamic in their labels only; METRIC_NAMES lists them).
+        return []
+
+
+def make_registry(snapshots: SnapshotHolder, *, process_metrics: bool = True) -> CollectorRegistry:
+    """A private registry (never the global one) with the snapshot collector and, by default, the
+    standard ``process_*`` metrics of this daemon (CPU seconds, resident memory, open files)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snapshots))
+    if process_metrics:
+        ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry, accept_header: str | None = None) -> tuple[bytes, str]:
+    """The exposition in the format the scraper asked for (text 0.0.4 by default, OpenMetrics when
+    the ``Accept`` header prefers it): ``(body, content_type)``."""
+    encoder, content_type = choose_encoder(accept_header or "")
+    return encoder(registry), content_type
