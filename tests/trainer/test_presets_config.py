@@ -1,0 +1,119 @@
+"""Model presets and the job file: numbers, validation errors that name file/key/expected/actual."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.conftest import JobWriter
+from trainer.config import ConfigError, load_config
+from trainer.presets import PRESETS, count_params, from_hf_config, get_preset
+from trainer.tokenization import load_tokenizer
+
+
+def test_qwen3_32b_matches_public_config() -> None:
+    q = get_preset("qwen3-32b")
+    assert (q.hidden_size, q.num_layers, q.num_attention_heads, q.num_kv_heads, q.head_dim) == (
+        5120,
+        64,
+        64,
+        8,
+        128,
+    )
+    assert (q.intermediate_size, q.vocab_size, q.max_positions) == (25600, 151936, 40960)
+    assert q.params == 32_762_123_264  # "32.8B" on the model card
+    non_embedding = q.params - 2 * q.vocab_size * q.hidden_size
+    assert round(non_embedding / 1e9, 1) == 31.2  # the card's "Number of Paramaters (Non-Embedding): 31.2B"
+    assert q.largest_layer_params == 151936 * 5120
+
+
+def test_from_hf_config_reads_a_local_config_json(tmp_path: Path) -> None:
+    cfg = PRESETS["qwen3-32b"].hf_config_dict() | {"_name_or_path": "Qwen/Qwen3-32B"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = from_hf_config(tmp_path)
+    assert spec.params == count_params(PRESETS["qwen3-32b"])
+    assert spec.vocab_size == 151936 and spec.max_positions == 40960 and spec.qk_norm
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        from_hf_config(tmp_path)
+
+
+def test_tiny_preset_vocab_covers_the_test_tokenizer(tokenizer_dir: Path) -> None:
+    tok = load_tokenizer(tokenizer_dir)
+    assert tok.get_vocab_size(with_added_tokens=True) <= PRESETS["tiny-qwen3"].vocab_size
+
+
+def test_full_job_file_loads(write_job: JobWriter, tmp_path: Path) -> None:
+    path = write_job(
+        job={"expected_tokens_per_s": 53000},
+        cluster={
+            "nodes": 2,
+            "gpus_per_node": 8,
+            "launcher": "deepspeed",
+            "hostfile": "hosts",
+            "gpu_memory_gib": 288,
+        },
+        data={"global_batch": 32, "mode": "stream"},
+        zero={"offload_optimizer": "cpu"},
+        train={"lr": 1e-5, "anything": "kept raw for ft-trainer train"},
+    )
+    cfg = load_config(path)
+    assert cfg.cluster.world_size == 16 and not cfg.cluster.world_size_explicit
+    assert cfg.cluster.hostfile == tmp_path / "hosts"  # relative to the job file
+    assert cfg.global_batch == 2 * 2 * 16
+    assert cfg.data.equalize is True  # default on
+    assert cfg.zero.offload_optimizer == "cpu" and cfg.zero.stage == 3
+    assert cfg.extra["train"]["lr"] == 1e-5
+    assert cfg.model.spec.name == "tiny-qwen3"
+
+
+@pytest.mark.parametrize(
+    ("sections", "key", "needle"),
+    [
+        ({"data": {"seq_len": 0}}, "data.seq_len", "expected an integer >= 2, got 0"),
+        ({"data": {"seq_len": "4096"}}, "data.seq_len", "got '4096'"),
+        ({"data": {"equalize": 1}}, "data.equalize", "expected bool, got 1"),
+        ({"cluster": {"launcher": "slurm"}}, "cluster.launcher", "one of deepspeed, torchrun, local"),
+        ({"model": {"preset": "qwen3-33b"}}, "model.preset", "one of qwen3-32b, tiny-qwen3"),
+        ({"data": {"seq_len": None}}, "data.seq_len", "(required), got 'missing'"),
+        ({"zero": {"stage": 2}}, "zero.stage", "expected 3"),
+        ({"data": {"mode": "stream", "source_dir": None}}, "data.source_dir", "required when data.mode"),
+    ],
+)
+def test_config_errors_name_file_key_expected_actual(
+    write_job: JobWriter, sections: dict, key: str, needle: str
+) -> None:
+    path = write_job(**sections)
+    with pytest.raises(ConfigError) as ei:
+        load_config(path)
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}: {key}: "), msg
+    assert needle in msg, msg
+
+
+def test_unknown_key_suggests_the_close_one(write_job: JobWriter) -> None:
+    path = write_job(data={"seqlen": 64})
+    with pytest.raises(ConfigError, match=r"data\.seqlen: unknown key \(did you mean 'seq_len'\?\)"):
+        load_config(path)
+    path = write_job(clustr={"nodes": 1})
+    with pytest.raises(ConfigError, match=r"\[clustr\]: unknown section \(did you mean \[cluster\]\?\)"):
+        load_config(path)
+
+
+def test_syntax_error_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[data\nseq_len = 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: TOML syntax error"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read job file"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_example_job_files_load() -> None:
+    examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
+    assert examples
+    for path in examples:
+        cfg = load_config(path)
+        assert cfg.global_batch == cfg.data.global_batch or cfg.data.global_batch is None
