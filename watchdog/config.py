@@ -300,32 +300,55 @@ class ClassifierConfig:
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    suspect_after_s: float = field(
-        default=20.0, metadata=meta(number(1, 600), "frozen signature -> deadlock_suspected")
+    """Mirrors :class:`watchdog.detector.DetectorConfig` field for field (see its docstring for the
+    paths to each verdict); the daemon builds the detector's config from this one."""
+
+    fast_min_s: float = field(
+        default=15.0,
+        metadata=meta(number(1, 600), "frozen steps + spin band: shortest freeze that counts"),
+    )
+    k_fast: float = field(
+        default=1.5, metadata=meta(number(1, 100), "... and at least this many typical step intervals")
+    )
+    spin_min_s: float = field(
+        default=10.0, metadata=meta(number(0, 600), "every job GPU in the spin band at least this long")
+    )
+    slow_min_s: float = field(
+        default=60.0,
+        metadata=meta(number(1, 3600), "frozen steps without usable GPU telemetry: shortest freeze"),
+    )
+    k_slow: float = field(
+        default=3.0, metadata=meta(number(1, 100), "... and at least this many typical step intervals")
+    )
+    disagree_min_s: float = field(
+        default=15.0, metadata=meta(number(1, 600), "phase disagreement with frozen train ranks")
+    )
+    power_only_after_s: float = field(
+        default=120.0, metadata=meta(number(10, 180), "no progress files: spin band this long, no writes")
     )
     confirm_after_s: float = field(
-        default=120.0, metadata=meta(number(1, 3600), "frozen signature -> deadlock_confirmed")
+        default=120.0, metadata=meta(number(1, 3600), "suspected this long -> deadlock_confirmed")
     )
-    power_only_suspect_after_s: float = field(
-        default=150.0, metadata=meta(number(10, 180), "suspected on power + process signals only")
+    write_active_bytes: float = field(
+        default=4 * 2**20, metadata=meta(number(0), "bytes written within write_window_s = 'writing'")
     )
-    step_stall_min_s: float = field(
-        default=15.0, metadata=meta(number(1, 3600), "shortest step freeze that counts")
+    write_window_s: float = field(
+        default=10.0, metadata=meta(number(1, 600), "window for write_active_bytes")
     )
-    step_stall_factor: float = field(
-        default=3.0, metadata=meta(number(1, 100), "freeze threshold in median step times")
-    )
-    io_active_bytes_per_s: float = field(
-        default=1048576.0, metadata=meta(number(0), "I/O rate above which a rank is busy with storage")
+    lease_grace_s: float = field(
+        default=5.0, metadata=meta(number(0, 3600), "tolerance past an announced lease_until")
     )
     starvation_after_s: float = field(
-        default=60.0, metadata=meta(number(1, 3600), "sustained starvation -> verdict")
+        default=30.0, metadata=meta(number(1, 3600), "sustained starvation -> data_starvation")
     )
     telemetry_lost_after_s: float = field(
         default=10.0, metadata=meta(number(1, 600), "failed reads -> telemetry_lost")
     )
-    lease_grace_s: float = field(
-        default=30.0, metadata=meta(number(0, 3600), "tolerance past an expired lease")
+    default_step_interval_s: float = field(
+        default=10.0, metadata=meta(number(0.01, 3600), "step interval assumed until the job's is learned")
+    )
+    cpu_contention_ratio: float = field(
+        default=0.9, metadata=meta(number(0, 64), "a starving rank using this share of a core is CPU-bound")
     )
 
 
@@ -553,12 +576,12 @@ def _cross_checks(config: Config, origins: Mapping[str, str], errors: _Collector
     def origin(key: str) -> str:
         return origins.get(key, "defaults")
 
-    if d.confirm_after_s <= d.suspect_after_s:
+    if d.slow_min_s < d.fast_min_s:
         errors.add(
-            origin("detector.confirm_after_s"),
-            "detector.confirm_after_s",
-            f"a number above detector.suspect_after_s ({_fmt(d.suspect_after_s)})",
-            d.confirm_after_s,
+            origin("detector.slow_min_s"),
+            "detector.slow_min_s",
+            f"at least detector.fast_min_s ({_fmt(d.fast_min_s)}): without GPU telemetry the rule is slower",
+            d.slow_min_s,
         )
     if a.alert_after_s < a.capture_after_s:
         errors.add(

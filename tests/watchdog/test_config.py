@@ -48,7 +48,7 @@ def test_defaults_without_file() -> None:
     assert config.actions.mode is Mode.OBSERVE
     assert config.auth.token_file is None
     assert config.alerts.sinks == ()
-    assert config.detector.power_only_suspect_after_s <= 180
+    assert config.detector.power_only_after_s <= 180
 
 
 def test_example_loads_and_equals_the_defaults() -> None:
@@ -168,20 +168,20 @@ def test_unknown_keys_and_sections_suggest_the_right_one(tmp_path: Path) -> None
 
 
 def test_power_only_rule_is_capped_at_180_s(tmp_path: Path) -> None:
-    path = write(tmp_path, "[detector]\npower_only_suspect_after_s = 300\n")
+    path = write(tmp_path, "[detector]\npower_only_after_s = 300\n")
     assert problems(path) == [
-        f"{path}: detector.power_only_suspect_after_s: expected a number between 10 and 180, got 300"
+        f"{path}: detector.power_only_after_s: expected a number between 10 and 180, got 300"
     ]
 
 
 def test_cross_key_constraints(tmp_path: Path) -> None:
     path = write(
         tmp_path,
-        "[detector]\nsuspect_after_s = 60\nconfirm_after_s = 30\n"
-        "[actions]\ncapture_after_s = 10\nalert_after_s = 5\n",
+        "[detector]\nfast_min_s = 60\nslow_min_s = 30\n[actions]\ncapture_after_s = 10\nalert_after_s = 5\n",
     )
     assert problems(path) == [
-        f"{path}: detector.confirm_after_s: expected a number above detector.suspect_after_s (60), got 30.0",
+        f"{path}: detector.slow_min_s: expected at least detector.fast_min_s (60): without GPU telemetry "
+        "the rule is slower, got 30.0",
         f"{path}: actions.alert_after_s: expected at least actions.capture_after_s (10): "
         "evidence is captured first, got 5.0",
     ]

@@ -218,3 +218,14 @@ def test_wedged_gpu_reads_become_telemetry_lost():
     out = drive(Job(), script, 60)
     t, onset = first(out, Verdict.TELEMETRY_LOST)
     assert onset == 30 and t == 40
+
+
+def test_daemon_config_mirrors_the_detector_config():
+    """[detector] in the TOML config is the detector's own config, key for key, default for default."""
+    import dataclasses
+
+    from watchdog import config
+
+    ours = {f.name: f.default for f in dataclasses.fields(DetectorConfig)}
+    theirs = {f.name: f.default for f in dataclasses.fields(config.DetectorConfig)}
+    assert ours == theirs
