@@ -199,11 +199,11 @@ def argv(value: Any) -> tuple[str, ...]:
 @_takes_text
 def listen_address(value: Any) -> str:
     """``HOST:PORT`` with HOST an IPv4 address, a host name or ``[IPv6]``."""
-    expected = 'HOST:PORT (e.g. "127.0.0.1:9410" or "[::1]:9410")'
+    expected = 'HOST:PORT (e.g. "127.0.0.1:9410" or "[::1]:9410"; port 0 picks a free one)'
     if not isinstance(value, str):
         raise _Invalid(expected)
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise _Invalid(expected)
     if host.startswith("["):
         if not host.endswith("]"):

@@ -1,0 +1,266 @@
+"""The daemon for real: a subprocess on a free port checked over HTTP (the ``make run`` path with the
+built-in simulation and its simulated job, and ``run`` replaying a recording with a config file,
+SIGHUP and SIGTERM), and in-process with a fake NVML whose call hangs (the only fake)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, require_binary
+from tests.watchdog import fake_nvml
+from trainer.progress import ProgressWriter
+from watchdog.config import load_config, override
+from watchdog.daemon import Daemon
+from watchdog.states import GpuState, Verdict
+from watchdog.telemetry.nvml import NvmlSource
+
+GPU_WATCHDOG = [sys.executable, "-m", "watchdog"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.25):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except (httpx.HTTPError, KeyError, ValueError) as e:
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last: {last!r}")
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 15) -> int:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+@pytest.mark.slow
+def test_make_run_serves_8_b300_and_reports_the_epoch_end_deadlock(tmp_path: Path):
+    """`make run`'s path (demo-run): health 200, 8 simulated B300 GPUs, and deadlock_suspected for the
+    simulated job once the scenario reaches the epoch-end deadlock (started 100 s into its timeline)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *GPU_WATCHDOG,
+            "demo-run",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--port",
+            str(port),
+            "--sim-skip",
+            "95",
+        ],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(f"{base}/healthz", timeout=2).status_code == 200, 60, "/healthz 200")
+        status = httpx.get(f"{base}/status", timeout=2).json()
+        assert status["source"] == "sim" and status["mode"] == "observe" and status["armed"] is False
+        assert len(status["gpus"]) == 8
+        assert {g["model"] for g in status["gpus"]} == {"B300"}
+        assert {g["power_limit_w"] for g in status["gpus"]} == {1100.0}
+
+        def suspected():
+            jobs = httpx.get(f"{base}/status", timeout=2).json()["jobs"]
+            return next(
+                (
+                    j
+                    for j in jobs
+                    if j["job"] == "qwen3-32b-ft"
+                    and j["verdict"] in ("deadlock_suspected", "deadlock_confirmed")
+                ),
+                None,
+            )
+
+        job = wait_for(suspected, 90, "deadlock_suspected")
+        assert len(job["ranks"]) == 8
+        gpus = httpx.get(f"{base}/gpus", timeout=2).json()
+        assert {g["state"] for g in gpus} == {"checkpoint_or_deadlock"}
+        events = httpx.get(f"{base}/events?since=0&limit=1000", timeout=2).json()["events"]
+        assert any(e["kind"] == "verdict" and e["payload"]["to"] == "deadlock_suspected" for e in events)
+    finally:
+        code = stop(proc)
+        out = proc.stdout.read()
+    assert code == 0, out[-3000:]
+    assert "SIMULATION" in out and f"curl -s 127.0.0.1:{port}/status" in out
+    assert "deadlock_suspected" in out  # the one-line summary printed it
+
+
+def write_config(path: Path, state: Path, progress: Path, port: int, mode: str = "observe") -> Path:
+    path.write_text(
+        f'[daemon]\nnode = "test-node"\nlisten = "127.0.0.1:{port}"\nstate_dir = "{state}"\nperiod_s = 0.2\n'
+        f'[progress]\ndir = "{progress}"\n[actions]\nmode = "{mode}"\n'
+    )
+    return path
+
+
+@pytest.mark.slow
+def test_run_replays_a_recording_reloads_on_sighup_and_stops_on_sigterm(tmp_path: Path):
+    from watchdog.recordings.writer import write_nvsmi_csv
+    from watchdog.telemetry.sim import Scenario
+
+    rec = tmp_path / "hang.csv"
+    write_nvsmi_csv(
+        rec,
+        Scenario.symmetric_hang(20, 600, model="H100", gpus=4, power_limit_w=700.0),
+        120,
+        rate_hz=5,
+        with_index=True,
+    )
+    port = free_port()
+    cfg = write_config(tmp_path / "config.toml", tmp_path / "state", tmp_path / "progress", port)
+    proc = subprocess.Popen(
+        [*GPU_WATCHDOG, "run", "--config", str(cfg), "--source", f"replay:{rec}"],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(f"{base}/healthz", timeout=2).status_code == 200, 60, "/healthz 200")
+        first = httpx.get(f"{base}/status", timeout=2).json()
+        assert first["node"] == "test-node" and first["source"] == "replay" and len(first["gpus"]) == 4
+        assert {g["state"] for g in first["gpus"]} == {"compute"}
+        # /metrics of the live daemon is clean for promtool
+        metrics = httpx.get(f"{base}/metrics", timeout=2).text
+        assert 'gpu_watchdog_state{gpu="0"' in metrics
+        promtool = require_binary("promtool", "Debian package prometheus")
+        check = subprocess.run([promtool, "check", "metrics"], input=metrics, capture_output=True, text=True)
+        assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check
+        # SIGHUP reloads the file: the mode changes without a restart
+        write_config(cfg, tmp_path / "state", tmp_path / "progress", port, mode="alert")
+        os.kill(proc.pid, signal.SIGHUP)
+        wait_for(lambda: httpx.get(f"{base}/status", timeout=2).json()["mode"] == "alert", 15, "mode alert")
+        # the recording's hang (at 20 s, replayed in real time) puts every GPU in the spin band
+        wait_for(
+            lambda: (
+                {g["state"] for g in httpx.get(f"{base}/gpus", timeout=2).json()}
+                == {"checkpoint_or_deadlock"}
+            ),
+            40,
+            "spin band",
+        )
+    finally:
+        code = stop(proc)
+        out = proc.stdout.read()
+    assert code == 0, out[-3000:]
+    assert "configuration reloaded" in out
+
+
+def test_bad_config_exits_2_naming_file_key_and_value(tmp_path: Path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[daemon]\nperiod_s = "fast"\n')
+    r = subprocess.run(
+        [*GPU_WATCHDOG, "run", "--config", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2
+    assert f'{cfg}: daemon.period_s: expected a number between 0.1 and 60, got "fast"' in r.stderr
+
+
+def test_port_in_use_exits_2_with_a_clear_message(tmp_path: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run(
+            [
+                *GPU_WATCHDOG,
+                "run",
+                "--source",
+                "none",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--state-dir",
+                str(tmp_path / "s"),
+                "--progress-dir",
+                str(tmp_path / "p"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert r.returncode == 2
+    assert f"127.0.0.1:{port} is in use" in r.stderr
+
+
+def test_wedged_gpu_keeps_healthz_answering_and_raises_telemetry_lost(tmp_path: Path):
+    """A hung NVML call on GPU 5: every cycle still completes within the deadline, /healthz answers
+    200, GPU 5 becomes unknown and the job driving it gets telemetry_lost."""
+    fake = fake_nvml.hang(gpus=8, stuck=5)
+    source = NvmlSource(deadline_s=0.2, nvml=fake, backoff_s=0.5)
+    config = override(
+        load_config(None, {}),
+        {
+            "daemon.listen": "127.0.0.1:0",
+            "daemon.state_dir": str(tmp_path / "state"),
+            "daemon.period_s": 0.3,
+            "progress.dir": str(tmp_path / "progress"),
+            "detector.telemetry_lost_after_s": 2.0,
+        },
+        origin="test",
+    )
+    writer = ProgressWriter("job-a", rank=5, local_rank=5, world_size=8, directory=tmp_path / "progress")
+    writer.phase("train")
+    writer.step(100)
+    daemon = Daemon(config, source)
+    daemon.start()
+    loop = threading.Thread(target=daemon.run_forever, daemon=True)
+    loop.start()
+    try:
+        base = daemon.url
+        assert fake.hang_entered.wait(10), "the fake never hung"
+
+        def lost():
+            snap = daemon.snapshots.latest()
+            if snap is None:
+                return None
+            job = next((j for j in snap.jobs if j.job == "job-a"), None)
+            return job if job is not None and job.verdict is Verdict.TELEMETRY_LOST else None
+
+        t0 = time.monotonic()
+        job = wait_for(lost, 20, "telemetry_lost")
+        assert time.monotonic() - t0 < 15
+        assert "gpu_reads_failing:5" in job.evidence["signals"]
+        r = httpx.get(f"{base}/healthz", timeout=2)
+        assert r.status_code == 200 and r.json()["last_cycle_age_s"] < 2
+        gpus = {g["gpu"]: g for g in httpx.get(f"{base}/gpus", timeout=2).json()}
+        assert gpus[5]["state"] == GpuState.UNKNOWN and gpus[5]["power_w"] is None
+        assert all(gpus[g]["state"] != GpuState.UNKNOWN for g in gpus if g != 5)
+        assert daemon.stats.last_duration_s < 1.0
+    finally:
+        fake.release()
+        daemon.stop()
+        loop.join(10)
+        daemon.close()

@@ -1,0 +1,346 @@
+"""``gpu-watchdog``: the daemon, offline triage, and the tools around them.
+
+Exit codes (contract): 0 ok; 1 a deadlock verdict found (triage, status, cluster); 2 bad input, bad
+config or unreachable daemon, with a message naming the file, line and field. With several files the
+highest code wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from watchdog import __version__, assert_ours
+
+EXIT_OK, EXIT_DEADLOCK, EXIT_BAD_INPUT = 0, 1, 2
+
+_EPILOG_TRIAGE = """\
+examples:
+  gpu-watchdog triage run.csv                      # model and limit from the file's name/power.limit columns
+  gpu-watchdog triage --model H100 --gpus 8 run.csv --plot run.png
+  gpu-watchdog triage --power-limit 250 --gpus 2 titanx.csv --json
+
+Recordings are nvidia-smi CSV logs, e.g. from
+  nvidia-smi --query-gpu=timestamp,index,name,power.draw,power.limit,utilization.gpu,memory.used \\
+             --format=csv -lms 100 > run.csv
+Without an index column, rows are taken as complete snapshots in board order (pass --gpus if the count
+cannot be inferred). Exit status: 0 clean, 1 a deadlock verdict, 2 bad input.
+"""
+
+
+def _positive_seconds(text: str) -> float:
+    from watchdog.triage.deadlock_rule import MAX_DEADLOCK_AFTER_S
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < v <= MAX_DEADLOCK_AFTER_S:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_DEADLOCK_AFTER_S:g}], got {text}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from watchdog.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S
+
+    parser = argparse.ArgumentParser(
+        prog="gpu-watchdog",
+        description="Per-node GPU training watchdog: classifies each GPU by board power (compute, "
+        "communication, data starvation, checkpoint-or-deadlock, idle), detects deadlocks, and triages "
+        "recorded nvidia-smi logs offline.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpu-watchdog {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    t = sub.add_parser(
+        "triage",
+        help="classify recorded nvidia-smi CSV logs and look for deadlocks",
+        description="Classify every GPU of recorded nvidia-smi CSV logs and apply the "
+        "power-only deadlock rule.",
+        epilog=_EPILOG_TRIAGE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument("files", nargs="+", metavar="FILE", help="nvidia-smi CSV recording(s)")
+    t.add_argument(
+        "--model",
+        help="GPU model table (B300, B200, H200, H100, A100, generic) when the file does not name the GPU",
+    )
+    t.add_argument("--table", metavar="TOML", help="a power table file (e.g. written by calibrate)")
+    t.add_argument(
+        "--gpus",
+        type=_positive_int,
+        help="GPU count, needed only without an index column when it cannot be inferred",
+    )
+    t.add_argument(
+        "--power-limit",
+        type=_positive_float,
+        metavar="W",
+        help="enforced power limit in watts "
+        "(overrides the file's power.limit column and the table's default)",
+    )
+    t.add_argument(
+        "--deadlock-after",
+        type=_positive_seconds,
+        default=DEFAULT_DEADLOCK_AFTER_S,
+        metavar="SECONDS",
+        help="every GPU in checkpoint_or_deadlock this long is a deadlock "
+        f"(default {DEFAULT_DEADLOCK_AFTER_S:g} s, at most 300 s; see docs/triage.md)",
+    )
+    t.add_argument("--json", action="store_true", help="one JSON object per file (an array for several)")
+    t.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="write a plot of power per GPU coloured by state (several files: FILE's name is appended)",
+    )
+    t.add_argument("--no-progress", action="store_true", help="no progress bar on large files")
+    t.set_defaults(func=cmd_triage)
+
+    tb = sub.add_parser(
+        "tables",
+        help="print the built-in power tables",
+        description="Print the power bands of each built-in table, as fractions of the "
+        "enforced power limit and in watts, with the source of every number.",
+    )
+    tb.add_argument("--model", help="only this model")
+    tb.add_argument("--json", action="store_true")
+    tb.set_defaults(func=cmd_tables)
+
+    c = sub.add_parser(
+        "calibrate",
+        help="fit a power table from recordings labelled by phase",
+        description="Fit the bands of a power table from recordings whose phases are "
+        "labelled (CSV with start_s,end_s,label; label one of the GPU states, or "
+        "checkpoint_wait). Writes a TOML table usable with --table / [classifier] table.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  gpu-watchdog calibrate --model H100 --gpus 8 "
+        "--labels run.labels.csv run.csv --out h100-ours.toml",
+    )
+    c.add_argument("files", nargs="+", metavar="FILE", help="nvidia-smi CSV recording(s)")
+    c.add_argument(
+        "--labels",
+        action="append",
+        required=True,
+        metavar="CSV",
+        help="phase labels, one file per recording in the same order",
+    )
+    c.add_argument(
+        "--model", help="base table the fit starts from (default: matched from the file, else generic)"
+    )
+    c.add_argument("--gpus", type=_positive_int)
+    c.add_argument("--power-limit", type=_positive_float, metavar="W")
+    c.add_argument(
+        "--unlabelled",
+        default="compute",
+        metavar="STATE",
+        help="state of samples outside every label interval, or 'ignore' (default compute)",
+    )
+    c.add_argument("--name", help="model name written in the table (default: the base model)")
+    c.add_argument("--out", required=True, metavar="TOML")
+    c.set_defaults(func=cmd_calibrate)
+
+    r = sub.add_parser(
+        "run",
+        help="run the daemon in the foreground (what the systemd unit starts)",
+        description="Sample GPU telemetry, classify every GPU, read the trainer's progress "
+        "files and the rank processes, detect deadlocks, act, and serve REST + /metrics, "
+        "until SIGTERM or Ctrl-C. SIGHUP reloads the configuration.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="sources:\n  auto          nvml where the NVIDIA library loads, else none (never sim)\n"
+        "  nvml          NVIDIA Management Library (every call under a hard deadline)\n"
+        "  none          no GPU telemetry: progress files and processes only\n"
+        "  sim[:NAME]    a scripted scenario (default reference-b300): demos and tests\n"
+        "  replay:FILE   an nvidia-smi CSV recording replayed in real time\n\n"
+        "examples:\n  gpu-watchdog run --config /etc/gpu-watchdog/config.toml --source nvml\n"
+        "  gpu-watchdog run --source sim --state-dir ./state --summary\n"
+        "  curl -s 127.0.0.1:9410/status | jq .jobs",
+    )
+    r.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config (default /etc/gpu-watchdog/config.toml if it "
+        "exists); every key is documented in deploy/config.example.toml",
+    )
+    r.add_argument("--source", metavar="SPEC", help="nvml | sim[:NAME] | replay:FILE | none | auto")
+    r.add_argument("--listen", metavar="HOST:PORT", help="REST + /metrics address (default 127.0.0.1:9410)")
+    r.add_argument(
+        "--state-dir", metavar="DIR", help="event store and evidence (default /var/lib/gpu-watchdog)"
+    )
+    r.add_argument(
+        "--progress-dir", metavar="DIR", help="trainer progress files (default /run/gpu-watchdog/progress)"
+    )
+    r.add_argument("--period", type=_positive_float, metavar="SECONDS", help="telemetry period (0.1 .. 60)")
+    r.add_argument(
+        "--mode",
+        choices=["observe", "alert", "kill"],
+        help="start in this mode (kill needs it here or in the config: the daemon never arms itself)",
+    )
+    r.add_argument("--sim-start", type=float, metavar="EPOCH", help=argparse.SUPPRESS)
+    r.add_argument("--summary", action="store_true", help="print a one-line state summary every second")
+    r.set_defaults(func=cmd_run)
+
+    d = sub.add_parser("demo-run", help=argparse.SUPPRESS)
+    d.add_argument("--state-dir", default="state")
+    d.add_argument("--port", type=int, default=9410)
+    d.add_argument("--sim-skip", type=float, default=0.0)
+    d.set_defaults(func=cmd_demo_run)
+    return parser
+
+
+def cmd_triage(args: argparse.Namespace) -> int:
+    from watchdog.recordings.nvsmi_csv import RecordingError
+    from watchdog.triage.engine import TriageInputError, TriageOptions
+    from watchdog.triage.report import render
+
+    opts = TriageOptions(
+        model=args.model,
+        gpus=args.gpus,
+        power_limit_w=args.power_limit,
+        deadlock_after_s=args.deadlock_after,
+        table_path=args.table,
+        keep_plot_points=bool(args.plot),
+    )
+    code = EXIT_OK
+    outputs: list[dict] = []
+    for path in args.files:
+        try:
+            result = _triage_with_progress(path, opts, show=not args.no_progress and not args.json)
+        except (RecordingError, TriageInputError, OSError) as e:
+            msg = str(e) if not isinstance(e, OSError) else f"{path}: {e.strerror or e}"
+            print(f"gpu-watchdog triage: error: {msg}", file=sys.stderr)
+            outputs.append({"file": path, "error": msg})
+            code = max(code, EXIT_BAD_INPUT)
+            continue
+        if result.deadlock:
+            code = max(code, EXIT_DEADLOCK)
+        if args.plot:
+            from pathlib import Path
+
+            from watchdog.triage.plot import plot
+
+            out = Path(args.plot)
+            if len(args.files) > 1:
+                out = out.with_name(f"{out.stem}-{Path(path).stem}{out.suffix or '.png'}")
+            plot(result, out)
+            if not args.json:
+                print(f"  plot: {out}")
+        if args.json:
+            outputs.append(result.to_json())
+        else:
+            print(render(result))
+    if args.json:
+        doc = outputs[0] if len(args.files) == 1 else outputs
+        json.dump(doc, sys.stdout, indent=None if len(json.dumps(doc)) > 2000 else 1)
+        sys.stdout.write("\n")
+    return code
+
+
+def _triage_with_progress(path: str, opts, show: bool):
+    import os
+
+    from watchdog.triage.engine import triage_file
+
+    size = os.path.getsize(path)
+    if not show or size < (64 << 20) or not sys.stderr.isatty():
+        return triage_file(path, opts)
+    from tqdm import tqdm
+
+    with tqdm(total=size, unit="B", unit_scale=True, desc=os.path.basename(path), file=sys.stderr) as bar:
+
+        def advance(offset: int) -> None:
+            bar.update(offset - bar.n)
+
+        return triage_file(path, opts, progress=advance)
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    from watchdog.tables import TableError, all_tables, builtin_table
+    from watchdog.tables.render import render_tables
+
+    try:
+        tables = [builtin_table(args.model)] if args.model else all_tables()
+    except TableError as e:
+        print(f"gpu-watchdog tables: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        json.dump([t.to_dict() for t in tables], sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(render_tables(tables))
+    return EXIT_OK
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from watchdog.calibrate import CalibrationError, calibrate_files
+
+    try:
+        text, summary = calibrate_files(
+            args.files,
+            args.labels,
+            model=args.model,
+            gpus=args.gpus,
+            power_limit_w=args.power_limit,
+            unlabelled=args.unlabelled,
+            name=args.name,
+        )
+    except CalibrationError as e:
+        print(f"gpu-watchdog calibrate: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from pathlib import Path
+
+    Path(args.out).write_text(text)
+    print(summary)
+    print(f"wrote {args.out}")
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from watchdog.run_cmd import run_daemon
+
+    return run_daemon(args)
+
+
+def cmd_demo_run(args: argparse.Namespace) -> int:
+    from watchdog.demo_run import main as demo_main
+
+    return demo_main(state_dir=args.state_dir, port=args.port, sim_skip_s=args.sim_skip)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    assert_ours()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""``gpu-watchdog run``: the per-node loop.
+
+One thread owns all state and runs one cycle per period::
+
+    sample GPUs -> classify (per GPU, hysteresis) -> [every process period] read progress files,
+    inspect rank processes, detect (per job) -> act -> record events -> publish an immutable snapshot
+
+REST and /metrics (uvicorn in a thread) only ever read the latest published snapshot, so an HTTP
+client can never delay a cycle; mutations reach the loop through a queue it drains each cycle. The
+main thread owns the signals: SIGTERM/SIGINT stop cleanly, SIGHUP reloads the configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from watchdog import __version__
+from watchdog.config import Config, load_config, load_token
+from watchdog.control import QueuedControl
+from watchdog.detector import Detector, GpuView
+from watchdog.detector import DetectorConfig as DetectorSettings
+from watchdog.eventstore import EventStore, StoreError
+from watchdog.fusion import job_views
+from watchdog.gpu_tracker import GpuTracker
+from watchdog.processes import ProcessInspector
+from watchdog.progress import ProgressReader
+from watchdog.publish import SnapshotHolder
+from watchdog.sdnotify import SdNotifier
+from watchdog.snapshot import JobStatus, Snapshot
+from watchdog.states import GpuState, Mode, Verdict
+from watchdog.telemetry.types import TelemetrySource
+
+log = logging.getLogger("gpu_watchdog")
+
+
+@dataclass
+class CycleStats:
+    cycles: int = 0
+    missed: int = 0
+    """Ticks skipped because a cycle overran its period."""
+    worst_lateness_s: float = 0.0
+    last_duration_s: float = 0.0
+
+
+class Daemon:
+    """The loop. Construct, :meth:`start` (opens the store and the HTTP server), then
+    :meth:`run_forever` on the main thread; or drive :meth:`cycle` directly in tests."""
+
+    def __init__(
+        self,
+        config: Config,
+        source: TelemetrySource,
+        *,
+        config_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        serve_http: bool = True,
+        on_cycle: Callable[[Snapshot], None] | None = None,
+        actions: Any | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.source = source
+        self.clock = clock
+        self.monotonic = monotonic
+        self.serve_http = serve_http
+        self.on_cycle = on_cycle
+        self.node = config.daemon.node
+        self.snapshots = SnapshotHolder()
+        self.control = QueuedControl()
+        self.mode: Mode = config.actions.mode
+        self.stats = CycleStats()
+        self.started_at = clock()
+        self.gpus = GpuTracker(
+            model=config.classifier.model,
+            table_path=config.classifier.table,
+            dwell_s=dict(config.classifier.dwell_s),
+        )
+        self.detector = Detector(DetectorSettings(**asdict(config.detector)))
+        self.progress = ProgressReader(
+            config.progress.dir, stale_after_s=config.progress.stale_after_s, host=socket.gethostname()
+        )
+        self.inspector = ProcessInspector()
+        self.store: EventStore | None = None
+        self.http = None
+        self.notifier = SdNotifier()
+        self.actions = actions
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._last_process_s: float | None = None
+        self._jobs: tuple[JobStatus, ...] = ()
+        self._verdicts: dict[str, Verdict] = {}
+        self._last_sample_time: float | None = None
+        self._sample_duration_s = 0.0
+        self._process_view = None
+        self.cycle_no = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        state_dir = Path(self.config.daemon.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        ev = self.config.events
+        try:
+            self.store = EventStore(
+                state_dir,
+                self.clock(),
+                retention_s=ev.retention_days * 86400,
+                max_bytes=ev.max_bytes,
+                prune_interval_s=ev.prune_interval_s,
+            )
+        except StoreError as e:
+            log.error("event store unavailable, running without it: %s", e)
+            self.store = None
+        self._event(
+            "daemon",
+            {
+                "event": "started",
+                "version": __version__,
+                "source": self.source.name,
+                "mode": str(self.mode),
+                "config": self.config.origin,
+            },
+        )
+        if self.actions is None:
+            self.actions = self._make_actions(state_dir)
+        if self.serve_http:
+            self._start_http()
+
+    def _make_actions(self, state_dir: Path):
+        try:
+            from watchdog.actions.engine import ActionEngine
+        except ImportError:  # the actions package is optional until it lands
+            return None
+        if self.store is None:
+            return None
+        return ActionEngine(
+            actions=self.config.actions,
+            alerts=self.config.alerts,
+            store=self.store,
+            state_dir=state_dir,
+            node=self.node,
+        )
+
+    def _start_http(self) -> None:
+        from watchdog.api import create_app
+        from watchdog.httpserver import HttpServer
+
+        host, _, port = self.config.daemon.listen.rpartition(":")
+        token = load_token(self.config)
+        app = create_app(
+            snapshots=self.snapshots,
+            events=self.store,
+            table=self._table_doc,
+            control=self.control,
+            token=token,
+            period_s=self.config.daemon.period_s,
+        )
+        self.http = HttpServer(app, host.strip("[]") or "127.0.0.1", int(port))
+        self.http.start()
+
+    def _table_doc(self) -> dict[str, Any]:
+        tables = self.gpus.tables()
+        if not tables:
+            return {"tables": []}
+        distinct = {t.model: t for t in tables.values()}
+        first = next(iter(distinct.values()))
+        doc = first.to_dict()
+        doc["gpus"] = {str(g): t.model for g, t in tables.items()}
+        if len(distinct) > 1:
+            doc["others"] = [t.to_dict() for t in list(distinct.values())[1:]]
+        return doc
+
+    @property
+    def url(self) -> str | None:
+        return self.http.url if self.http is not None else None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    def close(self) -> None:
+        self.notifier.stopping("stopping")
+        self._event("daemon", {"event": "stopped", "cycles": self.stats.cycles})
+        if self.actions is not None:
+            try:
+                self.actions.close()
+            except Exception:
+                log.exception("closing actions")
+        if self.http is not None:
+            self.http.stop()
+        try:
+            self.source.close()
+        except Exception:
+            log.exception("closing the telemetry source")
+        if self.store is not None:
+            self.store.close()
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run_forever(self) -> None:
+        period = self.config.daemon.period_s
+        self.notifier.ready(f"watching {len(self.source.gpus())} GPU(s) from {self.source.name}")
+        next_tick = self.monotonic()
+        while not self._stop.is_set():
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+                period = self.config.daemon.period_s
+            t0 = self.monotonic()
+            try:
+                self.cycle(self.clock())
+            except Exception:
+                log.exception("cycle %d failed", self.cycle_no)
+                self._event("daemon", {"event": "cycle_failed", "cycle": self.cycle_no})
+            self.stats.last_duration_s = self.monotonic() - t0
+            now_m = self.monotonic()
+            if self.notifier.watchdog_due(now_m):
+                self.notifier.watchdog(now_m)
+            next_tick += period
+            lateness = now_m - next_tick
+            if lateness > 0:
+                missed = int(lateness // period) + 1
+                self.stats.missed += missed
+                self.stats.worst_lateness_s = max(self.stats.worst_lateness_s, lateness)
+                next_tick += missed * period
+            self._stop.wait(max(0.0, next_tick - self.monotonic()))
+
+    def cycle(self, now: float) -> Snapshot:
+        """One cycle at epoch time ``now``; returns (and publishes) the snapshot."""
+        cfg = self.config
+        self.cycle_no += 1
+        for cmd in self.control.drain():
+            if cmd.mode is not self.mode:
+                self._event("action", {"action": "mode", "from": str(self.mode), "to": str(cmd.mode)}, now)
+            self.mode = cmd.mode
+        t0 = time.perf_counter()
+        samples = self.source.sample(now)
+        self._sample_duration_s = time.perf_counter() - t0
+        if samples:
+            self._last_sample_time = now
+        for ch in self.gpus.update(now, samples):
+            self._event(
+                "state_change",
+                {
+                    "from": str(ch.old),
+                    "to": str(ch.new),
+                    "since": ch.since,
+                    "power_w": ch.power_w,
+                    "utilization_ratio": ch.utilization_ratio,
+                    "uuid": ch.uuid,
+                },
+                now,
+                gpu=ch.gpu,
+            )
+        statuses = self.gpus.statuses()
+        due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
+        if due:
+            self._last_process_s = now
+            self._jobs = self._detect(now, samples, statuses)
+        if self.actions is not None and due:
+            try:
+                self.actions.on_cycle(
+                    now,
+                    mode=self.mode,
+                    jobs=self._jobs,
+                    processes=self._process_view.jobs if self._process_view else {},
+                    gpus=statuses,
+                    silences=self.control.silences,
+                    progress_dir=cfg.progress.dir,
+                )
+            except Exception:
+                log.exception("actions failed")
+        if self.store is not None:
+            self.store.maybe_prune(now)
+        self.stats.cycles += 1
+        snap = Snapshot(
+            node=self.node,
+            source=self.source.name,
+            mode=self.mode,
+            armed=self.mode is not Mode.OBSERVE,
+            cycle=self.cycle_no,
+            time=now,
+            period_s=cfg.daemon.period_s,
+            gpus=statuses,
+            jobs=self._jobs,
+            sample_duration_s=self._sample_duration_s,
+            last_sample_time=self._last_sample_time,
+            started_at=self.started_at,
+            counters={
+                "cycles_total": float(self.stats.cycles),
+                "missed_cycles_total": float(self.stats.missed),
+            },
+            actions=dict(getattr(self.actions, "counters", {}) or {}),
+            version=__version__,
+        )
+        self.snapshots.publish(snap)
+        if self.on_cycle is not None:
+            self.on_cycle(snap)
+        return snap
+
+    def _detect(self, now: float, samples, statuses) -> tuple[JobStatus, ...]:
+        view = self.progress.read(now)
+        gpu_pids = {s.gpu: list(s.pids) for s in samples if s.pids}
+        progress_pids = {job: jp.pids() for job, jp in view.jobs.items()}
+        uuid_to_index = {g.uuid: g.gpu for g in statuses if g.uuid}
+        self._process_view = self.inspector.inspect(
+            now, gpu_pids=gpu_pids, progress_pids=progress_pids, uuid_to_index=uuid_to_index
+        )
+        jobs = job_views(view.jobs, self._process_view.jobs)
+        gviews = [GpuView(g.gpu, g.state, g.state_since, self.gpus.nvlink_bytes(g.gpu)) for g in statuses]
+        results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
+        for j in results:
+            prev = self._verdicts.get(j.job)
+            if prev is not j.verdict:
+                self._event(
+                    "verdict",
+                    {
+                        "from": str(prev) if prev else None,
+                        "to": str(j.verdict),
+                        "onset": j.onset,
+                        "cause": j.cause,
+                        "signals": j.evidence.get("signals", []),
+                        "ranks": [r.rank for r in j.ranks],
+                    },
+                    now,
+                    job=j.job,
+                )
+                self._verdicts[j.job] = j.verdict
+        for gone in set(self._verdicts) - {j.job for j in results}:
+            self._event(
+                "verdict",
+                {"from": str(self._verdicts.pop(gone)), "to": None, "event": "job_gone"},
+                now,
+                job=gone,
+            )
+        return results
+
+    def _event(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        now: float | None = None,
+        *,
+        gpu: int | None = None,
+        job: str | None = None,
+    ) -> None:
+        if self.store is None:
+            return
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in payload.items()
+        }
+        self.store.append(kind, clean, time_s=self.clock() if now is None else now, gpu=gpu, job=job)
+
+    # -- reload ---------------------------------------------------------------------------------
+    def reload(self) -> None:
+        """SIGHUP: re-read the config file; apply what can change live (mode, detector, classifier
+        dwell, progress dir); listen address, state dir and source need a restart (logged)."""
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path, os.environ)
+        except Exception as e:
+            log.error("reload failed, keeping the running configuration: %s", e)
+            self._event("daemon", {"event": "reload_failed", "error": str(e)})
+            self.notifier.ready("reload failed; running configuration kept")
+            return
+        for key in ("listen", "state_dir", "source"):
+            if getattr(new.daemon, key) != getattr(self.config.daemon, key):
+                log.warning("daemon.%s changed: takes effect after a restart", key)
+        new = replace(
+            new,
+            daemon=replace(
+                new.daemon,
+                listen=self.config.daemon.listen,
+                state_dir=self.config.daemon.state_dir,
+                source=self.config.daemon.source,
+            ),
+        )
+        self.detector.config = DetectorSettings(**asdict(new.detector))
+        if new.progress != self.config.progress:
+            self.progress = ProgressReader(
+                new.progress.dir, stale_after_s=new.progress.stale_after_s, host=socket.gethostname()
+            )
+        if new.actions.mode != self.config.actions.mode:
+            self.mode = new.actions.mode
+        self.config = new
+        self._event("daemon", {"event": "reloaded", "config": new.origin})
+        self.notifier.ready("configuration reloaded")
+        log.info("configuration reloaded from %s", new.origin)
+
+
+def summary_line(snap: Snapshot) -> str:
+    """One line per cycle for the foreground run: GPU states and job verdicts."""
+    counts: dict[str, int] = {}
+    for g in snap.gpus:
+        counts[str(g.state)] = counts.get(str(g.state), 0) + 1
+    short = {
+        "compute": "compute",
+        "checkpoint_or_deadlock": "ckpt/deadlock",
+        "data_starvation": "starved",
+        "communication": "comm",
+        "idle": "idle",
+        "unknown": "unknown",
+    }
+    gpus = " ".join(f"{short[k]}={v}" for k, v in sorted(counts.items())) or "no GPUs"
+    power = sum(g.power_w or 0.0 for g in snap.gpus)
+    jobs = (
+        "; ".join(
+            f"{j.job}: {j.verdict}"
+            + (f" since {time.strftime('%H:%M:%S', time.localtime(j.onset))}" if j.onset else "")
+            + (
+                f" step {max(s for s in (r.step for r in j.ranks) if s is not None)}"
+                if any(r.step is not None for r in j.ranks)
+                else ""
+            )
+            for j in snap.jobs
+        )
+        or "no jobs"
+    )
+    clock = time.strftime("%H:%M:%S", time.localtime(snap.time))
+    return f"{clock} [{snap.mode}] GPUs {gpus} ({power:,.0f} W) | {jobs}"
+
+
+def install_signal_handlers(daemon: Daemon) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    signal.signal(signal.SIGINT, lambda *_: daemon.stop())
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: daemon.request_reload())
+
+
+__all__ = ["CycleStats", "Daemon", "GpuState", "install_signal_handlers", "summary_line"]

@@ -1,0 +1,70 @@
+"""Join what the progress files and the process inspector say about each job into the detector's
+:class:`~watchdog.detector.JobView` (pure).
+
+Jobs are keyed by name: the progress files' ``job``; the inspector already names a process group after
+the progress file that lists one of its pids, and otherwise after the launcher / environment. Ranks
+are matched by rank number. A rank whose file went *silent* (older than ``stale_after_s``) while its
+process still lives is kept, with its last step: a rank hung for longer than the staleness window is
+exactly the deadlock the daemon exists to report, so its silence is evidence, not a reason to forget
+it. A rank whose process is gone is dropped (the contract's "stale and ignored").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from watchdog.detector import JobView, RankView
+from watchdog.processes import RankProcess
+from watchdog.progress import JobProgress, RankProgress, StaleReason
+
+
+def _rank_view(rank: int, prog: RankProgress | None, proc: RankProcess | None, fresh_io: bool) -> RankView:
+    cpu_ratio = None
+    if proc is not None and proc.cpu_time_delta_s is not None and proc.interval_s:
+        cpu_ratio = proc.cpu_time_delta_s / proc.interval_s
+    return RankView(
+        rank=rank,
+        pid=proc.pid if proc is not None else (prog.record.pid if prog is not None else None),
+        gpu=proc.gpu if proc is not None else (prog.record.local_rank if prog is not None else None),
+        alive=proc.alive if proc is not None else None,
+        status=proc.status if proc is not None else None,
+        cpu_ratio=cpu_ratio,
+        write_bytes_delta=(proc.write_bytes_delta if proc is not None and fresh_io else None),
+        read_bytes_delta=(proc.read_bytes_delta if proc is not None and fresh_io else None),
+        step=prog.step if prog is not None else None,
+        phase=prog.phase if prog is not None else None,
+        lease_until=prog.lease_until if prog is not None else None,
+        step_changed_at=prog.step_since_s if prog is not None else None,
+    )
+
+
+def job_views(
+    progress: Mapping[str, JobProgress],
+    processes: Mapping[str, Sequence[RankProcess]],
+    *,
+    fresh_io: bool = True,
+) -> list[JobView]:
+    """One JobView per job seen in either input. ``fresh_io``: the process deltas are new this cycle
+    (False on cycles between two inspections, so writes are not counted twice)."""
+    out = []
+    for job in sorted(set(progress) | set(processes)):
+        jp = progress.get(job)
+        ranks_prog: dict[int, RankProgress] = {}
+        if jp is not None:
+            ranks_prog.update(jp.ranks)
+            for rank, r in jp.stale.items():
+                if r.stale is StaleReason.SILENT and rank not in ranks_prog:
+                    ranks_prog[rank] = r
+        procs = list(processes.get(job, ()))
+        by_rank = {p.rank: p for p in procs if p.rank is not None}
+        by_pid = {p.pid: p for p in procs}
+        views = []
+        for rank in sorted(set(ranks_prog) | set(by_rank)):
+            prog = ranks_prog.get(rank)
+            proc = by_rank.get(rank) or (by_pid.get(prog.record.pid) if prog is not None else None)
+            if prog is not None and prog.stale is StaleReason.SILENT and (proc is None or not proc.alive):
+                continue
+            views.append(_rank_view(rank, prog, proc, fresh_io))
+        if views:
+            out.append(JobView(job=job, ranks=tuple(views), has_progress=bool(ranks_prog)))
+    return out
