@@ -48,9 +48,17 @@ def stream(*phases: tuple[tuple[float, float], float], rate_hz: float = 10.0, t0
 
 @pytest.mark.parametrize(
     ("point", "state"),
-    [(COMPUTE, GpuState.COMPUTE), (SPIN, GpuState.CHECKPOINT_OR_DEADLOCK), (IDLE, GpuState.IDLE),
-     (STARVED, GpuState.DATA_STARVATION), (COMM, GpuState.COMMUNICATION), ((NAN, 0.5), GpuState.UNKNOWN),
-     ((0.79, NAN), GpuState.COMPUTE), ((0.10, NAN), GpuState.IDLE), ((0.22, NAN), GpuState.CHECKPOINT_OR_DEADLOCK)],
+    [
+        (COMPUTE, GpuState.COMPUTE),
+        (SPIN, GpuState.CHECKPOINT_OR_DEADLOCK),
+        (IDLE, GpuState.IDLE),
+        (STARVED, GpuState.DATA_STARVATION),
+        (COMM, GpuState.COMMUNICATION),
+        ((NAN, 0.5), GpuState.UNKNOWN),
+        ((0.79, NAN), GpuState.COMPUTE),
+        ((0.10, NAN), GpuState.IDLE),
+        ((0.22, NAN), GpuState.CHECKPOINT_OR_DEADLOCK),
+    ],
 )
 def test_raw_bands(point, state):
     assert raw_state(H100, *point) is state
@@ -60,11 +68,35 @@ def test_raw_bands(point, state):
 def test_spin_after_compute_is_dated_back_to_its_first_sample():
     out = run_stream(stream((COMPUTE, 10), (SPIN, 10)))
     spin_start = 10.0
-    # not yet after 2.9 s of spin (dwell 3 s) ...
+    taken = next(t for t, s, _ in out if s is GpuState.CHECKPOINT_OR_DEADLOCK)
+    # taken once 80 % of the last dwell (3 s) voted for it: after 2.4 s, not before
+    assert 12.35 <= taken <= 12.45
+    assert dict((round(t, 1), since) for t, _, since in out)[13.0] == spin_start
+
+
+def test_with_a_unanimous_vote_the_dwell_is_exact():
+    from dataclasses import replace
+
+    out = run_stream(stream((COMPUTE, 10), (SPIN, 10)), replace(H100, vote_share=1.0))
     at = {round(t, 1): (s, since) for t, s, since in out}
     assert at[12.9][0] is GpuState.COMPUTE
-    # ... taken at 3 s, dated back to the first spinning sample
-    assert at[13.0] == (GpuState.CHECKPOINT_OR_DEADLOCK, spin_start)
+    assert at[13.0] == (GpuState.CHECKPOINT_OR_DEADLOCK, 10.0)
+
+
+def test_bursty_utilisation_settles_where_a_unanimous_vote_never_would():
+    """Kernels in bursts: utilisation flickers between 0 and 40 % at 10 Hz at a third of the limit
+    (a starved GPU). The vote settles on data_starvation; a unanimous rule stays idle forever."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(3)
+    samples = stream((IDLE, 10)) + [
+        (10 + i / 10, 0.33 + rng.uniform(-0.02, 0.02), float(rng.choice([0.0, 0.05, 0.2, 0.3, 0.4])))
+        for i in range(600)
+    ]
+    # a flicker into compute every ~second breaks every unbroken run of 5 s
+    samples = [(t, 0.45 if i % 9 == 0 and t > 10 else p, u) for i, (t, p, u) in enumerate(samples)]
+    assert run_stream(samples)[-1][1] is GpuState.DATA_STARVATION
+    assert run_stream(samples, replace(H100, vote_share=1.0))[-1][1] is GpuState.IDLE
 
 
 def test_single_sample_spike_does_not_change_state():
@@ -107,8 +139,23 @@ def test_failed_reads_become_unknown_only_when_they_persist():
 
 # --- equivalence of the streaming and vectorised forms -------------------------------------------
 
-points = st.sampled_from([COMPUTE, SPIN, IDLE, STARVED, COMM, (0.38, 0.9), (0.31, 0.85), (0.28, 0.93),
-                          (NAN, 0.5), (0.5, NAN), (0.2, NAN), (0.1, NAN), (0.42, 0.05)])
+points = st.sampled_from(
+    [
+        COMPUTE,
+        SPIN,
+        IDLE,
+        STARVED,
+        COMM,
+        (0.38, 0.9),
+        (0.31, 0.85),
+        (0.28, 0.93),
+        (NAN, 0.5),
+        (0.5, NAN),
+        (0.2, NAN),
+        (0.1, NAN),
+        (0.42, 0.05),
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)

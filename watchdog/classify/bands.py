@@ -20,13 +20,16 @@ CODE: dict[GpuState, int] = {s: i for i, s in enumerate(GPU_STATES)}
 UNKNOWN_CODE = CODE[GpuState.UNKNOWN]
 
 
-def _in_box(p: float, u: float, box: tuple[float, float, float, float]) -> bool:
-    return box[0] <= p < box[1] and box[2] <= u < box[3]
+def _in_boxes(p: float, u: float, boxes) -> bool:
+    return any(b[0] <= p < b[1] and b[2] <= u < b[3] for b in boxes)
 
 
-def enter_box(table: PowerTable, state: GpuState) -> tuple[float, float, float, float]:
-    b = table.bands[state]
-    return (b.power_min, b.power_max, b.util_min, b.util_max)
+def _mask(power_frac: np.ndarray, util: np.ndarray, boxes) -> np.ndarray:
+    out = np.zeros(power_frac.shape, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        for lo_p, hi_p, lo_u, hi_u in boxes:
+            out |= (power_frac >= lo_p) & (power_frac < hi_p) & (util >= lo_u) & (util < hi_u)
+    return out
 
 
 def raw_state(table: PowerTable, power_frac: float, util: float) -> GpuState:
@@ -36,7 +39,7 @@ def raw_state(table: PowerTable, power_frac: float, util: float) -> GpuState:
     if math.isnan(util):
         return _power_only(table, power_frac)
     for state in BAND_ORDER:
-        if _in_box(power_frac, util, enter_box(table, state)):
+        if _in_boxes(power_frac, util, table.bands[state].enter_boxes()):
             return state
     return GpuState.UNKNOWN
 
@@ -59,7 +62,7 @@ def stays_in(table: PowerTable, state: GpuState, power_frac: float, util: float)
         return False
     if math.isnan(util):
         return _power_only(table, power_frac) is state
-    return _in_box(power_frac, util, table.bands[state].exit_bounds())
+    return _in_boxes(power_frac, util, table.bands[state].exit_boxes())
 
 
 def raw_states(table: PowerTable, power_frac: np.ndarray, util: np.ndarray) -> np.ndarray:
@@ -69,8 +72,7 @@ def raw_states(table: PowerTable, power_frac: np.ndarray, util: np.ndarray) -> n
     u_nan = np.isnan(util)
     undecided = p_ok & ~u_nan
     for state in BAND_ORDER:  # first match wins, so fill only still-undecided samples
-        lo_p, hi_p, lo_u, hi_u = enter_box(table, state)
-        hit = undecided & (power_frac >= lo_p) & (power_frac < hi_p) & (util >= lo_u) & (util < hi_u)
+        hit = undecided & _mask(power_frac, util, table.bands[state].enter_boxes())
         out[hit] = CODE[state]
         undecided &= ~hit
     po = p_ok & u_nan
@@ -89,14 +91,12 @@ def _power_only_codes(table: PowerTable, p: np.ndarray) -> np.ndarray:
     ).astype(np.int8)
 
 
-def stays_mask(table: PowerTable, state: GpuState, power_frac: np.ndarray, util: np.ndarray,
-               raw: np.ndarray) -> np.ndarray:
+def stays_mask(
+    table: PowerTable, state: GpuState, power_frac: np.ndarray, util: np.ndarray, raw: np.ndarray
+) -> np.ndarray:
     """Vectorised :func:`stays_in` (``raw`` from :func:`raw_states`, reused for the power-only case)."""
     if state is GpuState.UNKNOWN:
         return np.isnan(power_frac)
-    lo_p, hi_p, lo_u, hi_u = table.bands[state].exit_bounds()
-    u_nan = np.isnan(util)
-    with np.errstate(invalid="ignore"):
-        inside = (power_frac >= lo_p) & (power_frac < hi_p) & (util >= lo_u) & (util < hi_u)
-    po = u_nan & ~np.isnan(power_frac)
+    inside = _mask(power_frac, util, table.bands[state].exit_boxes())
+    po = np.isnan(util) & ~np.isnan(power_frac)
     return np.where(po, raw == CODE[state], inside)

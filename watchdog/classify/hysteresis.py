@@ -1,47 +1,57 @@
-"""Per-GPU state with hysteresis, in two equivalent forms.
+"""Per-GPU state with hysteresis and a vote, in two equivalent forms.
 
 The rule, for each sample of one GPU in time order:
 
 1. ``candidate`` = the current state if the sample lies in its (widened) exit box, else the sample's
-   raw band (:func:`watchdog.classify.bands.raw_state`).
-2. A candidate equal to the current state clears any pending change.
-3. Otherwise the candidate is *pending* from the first sample of its unbroken run; once the run has
-   lasted the candidate's dwell (``t - run_start >= dwell_s``) the GPU takes the new state, dated back
-   to the run's first sample (``since``): the state began when the signature began, not when we were
-   sure of it.
+   raw band (:func:`watchdog.classify.bands.raw_state`). Exit boxes wider than enter boxes are the
+   hysteresis: a GPU hovering on a boundary keeps its state.
+2. The candidates since the last change form the *history*. When the current sample's candidate ``C``
+   differs from the state, the GPU takes ``C`` if the history covers at least ``C``'s dwell and ``C``
+   was the candidate of at least ``vote_share`` of the samples in the last ``dwell_s(C)`` seconds
+   (``[t - dwell, t]``). The change is dated back to ``C``'s first sample in that window (``since``):
+   the state began when its signature began, not when we were sure of it. The history restarts.
 
-So a single-sample spike never changes the state (any dwell > 0), a GPU hovering on a boundary does
-not flap (exit box wider than the enter box), and a short dwell for ``compute`` makes leaving the spin
-band for real work quick.
+With ``vote_share = 1`` this is "the candidate persisted for its whole dwell"; below 1 a bursty
+signal (utilisation at 10 Hz flickers between kernels) still settles, while a single-sample spike
+never changes the state (it is one vote in a window of several). A short dwell for ``compute`` makes
+leaving the spin band for real work quick.
 
 :class:`GpuClassifier` applies the rule one sample at a time (the daemon). :func:`classify_series`
-applies it to whole arrays (triage), looping in Python only over runs of candidates that differ from
-the current state, not over samples, and carries its state across chunks through :class:`Carry` - the
-two give identical answers (tested property).
+applies it to whole arrays (triage): candidate codes, windows and vote counts are computed with numpy
+(cumulative sums and ``searchsorted``), and Python loops only over state changes, not samples. It
+carries its state across chunks through :class:`Carry`. The two forms give identical answers (a
+property test feeds them random streams cut into random chunks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from watchdog.classify.bands import CODE, raw_state, raw_states, stays_in, stays_mask
+from watchdog.classify.bands import CODE, UNKNOWN_CODE, raw_state, raw_states, stays_in, stays_mask
 from watchdog.states import GPU_STATES, GpuState
 from watchdog.tables import PowerTable
+
+_EMPTY_F = np.empty(0, dtype=np.float64)
+_EMPTY_I = np.empty(0, dtype=np.int8)
 
 
 @dataclass(frozen=True, slots=True)
 class Carry:
-    """Classifier state between samples (or chunks) of one GPU."""
+    """Classifier state between chunks of one GPU."""
 
     state: GpuState
     since_s: float
-    pending: GpuState | None = None
-    pending_since_s: float = 0.0
     since_pos: float = 0.0
     """Caller-defined position of ``since`` (triage: covered GPU-seconds), carried with it."""
-    pending_pos: float = 0.0
+    history_start_s: float | None = None
+    """Time of the first sample after the last change (None: no sample since)."""
+    hist_t: np.ndarray = field(default_factory=lambda: _EMPTY_F)
+    hist_cand: np.ndarray = field(default_factory=lambda: _EMPTY_I)
+    hist_pos: np.ndarray = field(default_factory=lambda: _EMPTY_F)
+    """The recent history (within the longest dwell) of candidates since the last change."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,112 +64,203 @@ class Switch:
     since_pos: float
 
 
+def _max_dwell(table: PowerTable) -> float:
+    return max(table.dwell_s(s) for s in GPU_STATES)
+
+
 class GpuClassifier:
     """Streaming form: feed samples in time order, read ``state`` and ``since_s``."""
 
-    def __init__(self, table: PowerTable, carry: Carry | None = None) -> None:
+    def __init__(self, table: PowerTable) -> None:
         self.table = table
-        self.carry = carry
+        self._state: GpuState | None = None
+        self._since_s: float | None = None
+        self._since_pos = 0.0
+        self._history: deque[tuple[float, int, float]] = deque()
+        self._history_start_s: float | None = None
+        self._keep_s = _max_dwell(table)
 
     @property
     def state(self) -> GpuState:
-        return self.carry.state if self.carry else GpuState.UNKNOWN
+        return self._state if self._state is not None else GpuState.UNKNOWN
 
     @property
     def since_s(self) -> float | None:
-        return self.carry.since_s if self.carry else None
+        return self._since_s
 
     def update(self, time_s: float, power_frac: float, util: float, pos: float = 0.0) -> bool:
         """Classify one sample; True when the state changed. NaN means missing."""
-        c = self.carry
-        if c is None:
-            self.carry = Carry(raw_state(self.table, power_frac, util), time_s, since_pos=pos)
+        table = self.table
+        if self._state is None:
+            self._state, self._since_s, self._since_pos = raw_state(table, power_frac, util), time_s, pos
             return True
-        if stays_in(self.table, c.state, power_frac, util):
-            if c.pending is not None:
-                self.carry = Carry(c.state, c.since_s, since_pos=c.since_pos)
+        state = self._state
+        cand = state if stays_in(table, state, power_frac, util) else raw_state(table, power_frac, util)
+        code = CODE[cand]
+        hist = self._history
+        hist.append((time_s, code, pos))
+        if self._history_start_s is None:
+            self._history_start_s = time_s
+        while hist and hist[0][0] < time_s - self._keep_s:
+            hist.popleft()
+        if cand is state:
             return False
-        cand = raw_state(self.table, power_frac, util)
-        if c.pending is not cand:
-            c = Carry(c.state, c.since_s, cand, time_s, c.since_pos, pos)
-        if time_s - c.pending_since_s >= self.table.dwell_s(cand):
-            self.carry = Carry(cand, c.pending_since_s, since_pos=c.pending_pos)
+        dwell = table.dwell_s(cand)
+        if time_s - self._history_start_s < dwell:
+            return False
+        lo = time_s - dwell
+        votes = total = 0
+        first: tuple[float, float] | None = None
+        for t, c, p in hist:
+            if t >= lo:
+                total += 1
+                if c == code:
+                    votes += 1
+                    if first is None:
+                        first = (t, p)
+        if votes >= table.vote_share * total:
+            assert first is not None
+            self._state, self._since_s, self._since_pos = cand, first[0], first[1]
+            hist.clear()
+            self._history_start_s = None
             return True
-        self.carry = c
         return False
 
+    def carry(self) -> Carry | None:
+        """The equivalent :class:`Carry` (to continue in vectorised form)."""
+        if self._state is None:
+            return None
+        h = list(self._history)
+        return Carry(
+            self._state,
+            self._since_s or 0.0,
+            self._since_pos,
+            self._history_start_s,
+            np.array([x[0] for x in h], dtype=np.float64),
+            np.array([x[1] for x in h], dtype=np.int8),
+            np.array([x[2] for x in h], dtype=np.float64),
+        )
 
-def classify_series(table: PowerTable, time_s: np.ndarray, power_frac: np.ndarray, util: np.ndarray,
-                    carry: Carry | None = None, pos: np.ndarray | None = None) -> tuple[list[Switch], Carry]:
+
+def classify_series(
+    table: PowerTable,
+    time_s: np.ndarray,
+    power_frac: np.ndarray,
+    util: np.ndarray,
+    carry: Carry | None = None,
+    pos: np.ndarray | None = None,
+) -> tuple[list[Switch], Carry]:
     """Vectorised form of :class:`GpuClassifier` over one GPU's samples (``time_s`` non-decreasing).
 
     Returns the switches in order (the first sample of a fresh series always yields one) and the carry
     for the next chunk. ``pos`` is an optional per-sample coordinate reported with each ``since``.
     """
-    n = len(time_s)
-    if n == 0:
+    n_new = len(time_s)
+    if n_new == 0:
         if carry is None:
             raise ValueError("classify_series needs at least one sample when there is no carry")
         return [], carry
     if pos is None:
-        pos = np.zeros(n)
-    raw = raw_states(table, power_frac, util)
+        pos = np.zeros(n_new)
+    raw_new = raw_states(table, power_frac, util)
     switches: list[Switch] = []
-    i = 0
     if carry is None:
-        first = GPU_STATES[int(raw[0])]
-        carry = Carry(first, float(time_s[0]), since_pos=float(pos[0]))
+        first = GPU_STATES[int(raw_new[0])]
+        carry = Carry(first, float(time_s[0]), float(pos[0]))
         switches.append(Switch(0, first, float(time_s[0]), float(pos[0])))
-        i = 1
+        skip = 1  # the first sample set the state; the history starts after it
+    else:
+        skip = 0
+    h = len(carry.hist_t)
+    t = np.concatenate((carry.hist_t, time_s)) if h else np.asarray(time_s, dtype=np.float64)
+    ps = np.concatenate((carry.hist_pos, pos)) if h else np.asarray(pos, dtype=np.float64)
+    n = len(t)
     state = carry.state
-    # A pending candidate from the previous chunk continues only if its run reaches into index 0.
-    pending, pending_t, pending_p = carry.pending, carry.pending_since_s, carry.pending_pos
     since_t, since_p = carry.since_s, carry.since_pos
-    runs_cache: dict[GpuState, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    hist_start = carry.history_start_s
+    h0 = 0 if h else skip  # first index of the current history (a carried history is this state's)
+    share = table.vote_share
+    cand_cache: dict[GpuState, np.ndarray] = {}
 
-    def runs_for(s: GpuState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Runs of the candidate sequence while in state ``s``: (starts, ends, values)."""
-        got = runs_cache.get(s)
+    def cand_for(s: GpuState) -> np.ndarray:
+        got = cand_cache.get(s)
         if got is None:
-            cand = np.where(stays_mask(table, s, power_frac, util, raw), np.int8(CODE[s]), raw)
-            change = np.flatnonzero(cand[1:] != cand[:-1]) + 1
-            starts = np.concatenate(([0], change))
-            ends = np.concatenate((change, [n]))
-            got = (starts, ends, cand[starts])
-            runs_cache[s] = got
+            mine = np.where(stays_mask(table, s, power_frac, util, raw_new), np.int8(CODE[s]), raw_new)
+            if h:
+                head = carry.hist_cand if s is carry.state else np.full(h, UNKNOWN_CODE, np.int8)
+                mine = np.concatenate((head, mine))
+            got = cand_cache[s] = mine.astype(np.int8, copy=False)
         return got
 
-    while i < n:
-        starts, ends, values = runs_for(state)
-        r = int(np.searchsorted(starts, i, side="right")) - 1
-        switched = False
-        while r < len(starts):
-            start = max(int(starts[r]), i)
-            end = int(ends[r])
-            c = GPU_STATES[int(values[r])]
-            if c is state:
-                pending = None
-                r += 1
-                continue
-            if pending is c and start == 0:
-                run_t, run_p = pending_t, pending_p  # the run began in the previous chunk
-            else:
-                run_t, run_p = float(time_s[start]), float(pos[start])
-            need = run_t + table.dwell_s(c)
-            k = start + int(np.searchsorted(time_s[start:end], need, side="left"))
-            if k < end:
-                state, since_t, since_p = c, run_t, run_p
-                switches.append(Switch(k, c, run_t, run_p))
-                pending = None
-                i = k + 1
-                switched = True
-                break
-            pending, pending_t, pending_p = c, run_t, run_p
-            r += 1
-        if not switched:
+    vote_cache: dict[tuple[GpuState, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def votes_for(s: GpuState, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """(window start index per sample for candidate c's dwell, cumulative count of c)."""
+        key = (s, c)
+        got = vote_cache.get(key)
+        if got is None:
+            cand = cand_for(s)
+            dwell = table.dwell_s(GPU_STATES[c])
+            w = np.searchsorted(t, t - dwell, side="left")
+            cs = np.concatenate(([0], np.cumsum(cand == c, dtype=np.int64)))
+            got = vote_cache[key] = (w, cs)
+        return got
+
+    block = 256
+    while h0 < n:
+        if hist_start is None:
+            hist_start = float(t[h0])
+        cand = cand_for(state)
+        fired_k = -1
+        fired_c = -1
+        a = max(h0, h)  # carried samples were judged in their own chunk: windows reach back, fires do not
+        while a < n and fired_k < 0:
+            b = min(n, a + block)
+            seg = cand[a:b]
+            others = np.unique(seg[seg != CODE[state]])
+            best = b
+            for c in others.tolist():
+                dwell = table.dwell_s(GPU_STATES[c])
+                w, cs = votes_for(state, c)
+                k = np.arange(a, b)
+                wk = np.maximum(w[a:b], h0)
+                total = k + 1 - wk
+                votes = cs[k + 1] - cs[wk]
+                fire = (seg == c) & (t[a:b] - hist_start >= dwell) & (votes >= share * total)
+                hit = np.flatnonzero(fire[: best - a])
+                if len(hit):
+                    best = a + int(hit[0])
+                    fired_c = c
+            if best < b:
+                fired_k = best
+            a = b
+            block = min(block * 2, 1 << 16)
+        if fired_k < 0:
             break
-    if pending is None:
-        out = Carry(state, since_t, since_pos=since_p)
+        c = fired_c
+        dwell = table.dwell_s(GPU_STATES[c])
+        w, _ = votes_for(state, c)
+        lo = max(int(w[fired_k]), h0)
+        j = lo + int(np.flatnonzero(cand[lo : fired_k + 1] == c)[0])
+        state = GPU_STATES[c]
+        since_t, since_p = float(t[j]), float(ps[j])
+        switches.append(Switch(fired_k - h, state, since_t, since_p))
+        h0 = fired_k + 1
+        hist_start = None
+        block = 256
+    # the history to carry: samples since the last change, within the longest dwell of the last one
+    if h0 < n:
+        keep_from = max(h0, int(np.searchsorted(t, t[-1] - _max_dwell(table), side="left")))
+        cand = cand_for(state)
+        out = Carry(
+            state,
+            since_t,
+            since_p,
+            hist_start,
+            t[keep_from:].copy(),
+            cand[keep_from:].copy(),
+            ps[keep_from:].copy(),
+        )
     else:
-        out = Carry(state, since_t, pending, pending_t, since_p, pending_p)
+        out = Carry(state, since_t, since_p, None)
     return switches, out

@@ -30,10 +30,22 @@ BAND_ORDER: tuple[GpuState, ...] = (
 )
 BUILTIN_MODELS: tuple[str, ...] = ("B300", "B200", "H200", "H100", "A100")
 GENERIC = "generic"
-_BAND_KEYS = {"power_min", "power_max", "util_min", "util_max", "margin_power", "margin_util", "dwell_s",
-              "note", "estimate"}
-_TOP_KEYS = {"model", "description", "match", "power_limit_w", "power_limit_note", "power_only", "bands",
-             "unknown_dwell_s", "source"}
+_BOX_KEYS = {"power_min", "power_max", "util_min", "util_max"}
+_BAND_KEYS = _BOX_KEYS | {"margin_power", "margin_util", "dwell_s", "note", "estimate", "also"}
+_TOP_KEYS = {
+    "model",
+    "description",
+    "match",
+    "power_limit_w",
+    "power_limit_note",
+    "power_only",
+    "bands",
+    "unknown_dwell_s",
+    "source",
+    "vote_share",
+}
+Box = tuple[float, float, float, float]
+"""(power_min, power_max, util_min, util_max): power as a fraction of the limit, utilisation 0..1."""
 
 
 class TableError(ValueError):
@@ -58,14 +70,22 @@ class Band:
     dwell_s: float = 0.0
     note: str = ""
     estimate: bool = False
+    also: tuple[Box, ...] = ()
+    """Further enter boxes of the same state (a band need not be one rectangle)."""
 
-    def exit_bounds(self) -> tuple[float, float, float, float]:
-        """(power_min, power_max, util_min, util_max) of the exit box."""
-        return (
-            self.power_min - self.margin_power if self.power_min > 0 else -math.inf,
-            self.power_max + self.margin_power,
-            self.util_min - self.margin_util if self.util_min > 0 else -math.inf,
-            self.util_max + self.margin_util,
+    def enter_boxes(self) -> tuple[Box, ...]:
+        return ((self.power_min, self.power_max, self.util_min, self.util_max), *self.also)
+
+    def exit_boxes(self) -> tuple[Box, ...]:
+        """The enter boxes widened on every finite side by the margins."""
+        return tuple(
+            (
+                pmin - self.margin_power if pmin > 0 else -math.inf,
+                pmax + self.margin_power,
+                umin - self.margin_util if umin > 0 else -math.inf,
+                umax + self.margin_util,
+            )
+            for pmin, pmax, umin, umax in self.enter_boxes()
         )
 
 
@@ -80,6 +100,8 @@ class PowerTable:
     """Power-only fallback (no utilisation): below this fraction a GPU is idle, above it and below the
     checkpoint band's power_max it is checkpoint_or_deadlock."""
     unknown_dwell_s: float = 2.0
+    vote_share: float = 0.8
+    """A new state needs this share of the samples in its last dwell (1.0: all of them)."""
     notes: dict[str, str] = field(default_factory=dict)
     path: str = ""
 
@@ -103,16 +125,27 @@ class PowerTable:
             "power_limit_w": self.power_limit_w,
             "power_only": {"idle_power_max": self.idle_power_max},
             "unknown_dwell_s": self.unknown_dwell_s,
+            "vote_share": self.vote_share,
             "bands": {
                 str(s): {
                     k: (None if isinstance(v, float) and math.isinf(v) else v)
                     for k, v in (
-                        ("power_min", b.power_min), ("power_max", b.power_max), ("util_min", b.util_min),
-                        ("util_max", b.util_max), ("margin_power", b.margin_power),
-                        ("margin_util", b.margin_util), ("dwell_s", b.dwell_s), ("estimate", b.estimate),
+                        ("power_min", b.power_min),
+                        ("power_max", b.power_max),
+                        ("util_min", b.util_min),
+                        ("util_max", b.util_max),
+                        ("margin_power", b.margin_power),
+                        ("margin_util", b.margin_util),
+                        ("dwell_s", b.dwell_s),
+                        ("estimate", b.estimate),
                         ("note", b.note),
                     )
                 }
+                | (
+                    {"also": [[None if math.isinf(v) else v for v in box] for box in b.also]}
+                    if b.also
+                    else {}
+                )
                 for s, b in self.bands.items()
             },
             "notes": dict(self.notes),
@@ -149,8 +182,10 @@ def parse_table(data: dict[str, Any], where: str) -> PowerTable:
     for state in BAND_ORDER:
         raw = bands_raw.get(str(state))
         if not isinstance(raw, dict):
-            raise TableError(f"{where}: bands.{state}: missing (every table needs all of "
-                             f"{', '.join(map(str, BAND_ORDER))})")
+            raise TableError(
+                f"{where}: bands.{state}: missing (every table needs all of "
+                f"{', '.join(map(str, BAND_ORDER))})"
+            )
         bad = set(raw) - _BAND_KEYS
         if bad:
             raise TableError(f"{where}: bands.{state}: unknown key(s) {sorted(bad)}")
@@ -168,10 +203,31 @@ def parse_table(data: dict[str, Any], where: str) -> PowerTable:
             estimate=bool(raw.get("estimate", False)),
         )
         if band.power_min >= band.power_max:
-            raise TableError(f"{where}: {k}: power_min {band.power_min} must be below power_max {band.power_max}")
+            raise TableError(
+                f"{where}: {k}: power_min {band.power_min} must be below power_max {band.power_max}"
+            )
         if band.util_min >= band.util_max:
             raise TableError(f"{where}: {k}: util_min {band.util_min} must be below util_max {band.util_max}")
-        bands[state] = band
+        also = raw.get("also", [])
+        if not isinstance(also, list) or not all(isinstance(b, dict) for b in also):
+            raise TableError(
+                f"{where}: {k}.also: expected a list of boxes ({{power_min=..., util_max=...}}), got {also!r}"
+            )
+        boxes = []
+        for i, box in enumerate(also):
+            bad = set(box) - _BOX_KEYS
+            if bad:
+                raise TableError(f"{where}: {k}.also[{i}]: unknown key(s) {sorted(bad)}")
+            kb = f"{k}.also[{i}]"
+            boxes.append(
+                (
+                    _num(where, f"{kb}.power_min", box.get("power_min", 0.0), 0.0, 5.0),
+                    _num(where, f"{kb}.power_max", box.get("power_max", math.inf), 0.0, math.inf),
+                    _num(where, f"{kb}.util_min", box.get("util_min", 0.0), 0.0, 1.0),
+                    _num(where, f"{kb}.util_max", box.get("util_max", math.inf), 0.0, math.inf),
+                )
+            )
+        bands[state] = replace(band, also=tuple(boxes))
     extra = set(bands_raw) - {str(s) for s in BAND_ORDER}
     if extra:
         raise TableError(f"{where}: bands: unknown state(s) {sorted(extra)}")
@@ -187,6 +243,7 @@ def parse_table(data: dict[str, Any], where: str) -> PowerTable:
         bands=bands,
         idle_power_max=idle_max,
         unknown_dwell_s=_num(where, "unknown_dwell_s", data.get("unknown_dwell_s", 2.0), 0.0, 3600.0),
+        vote_share=_num(where, "vote_share", data.get("vote_share", 0.8), 0.5, 1.0),
         notes={
             "power_limit": str(data.get("power_limit_note", "")),
             "power_only": str(po.get("note", "")),
@@ -205,8 +262,10 @@ def _check_coverage(table: PowerTable, where: str) -> None:
     for p in (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.2):
         for u in (0.0, 0.05, 0.1, 0.3, 0.5, 0.7, 0.89, 0.9, 0.95, 1.0):
             if raw_state(table, p, u) is GpuState.UNKNOWN:
-                raise TableError(f"{where}: bands leave power {p:.2f} x utilisation {u:.2f} without a state; "
-                                 "widen a band so every point is covered")
+                raise TableError(
+                    f"{where}: bands leave power {p:.2f} x utilisation {u:.2f} without a state; "
+                    "widen a band so every point is covered"
+                )
 
 
 def load_table_file(path: str | Path) -> PowerTable:
@@ -225,8 +284,9 @@ def builtin_table(model: str) -> PowerTable:
     try:
         text = resources.files("watchdog.tables").joinpath(f"{name}.toml").read_text()
     except FileNotFoundError:
-        raise TableError(f"no built-in table for model {model!r}; built-in: "
-                         f"{', '.join((*BUILTIN_MODELS, GENERIC))}") from None
+        raise TableError(
+            f"no built-in table for model {model!r}; built-in: {', '.join((*BUILTIN_MODELS, GENERIC))}"
+        ) from None
     return parse_table(tomllib.loads(text), f"watchdog/tables/{name}.toml")
 
 
@@ -248,8 +308,13 @@ def match_model(device_name: str | None) -> str | None:
     return best[1] if best else None
 
 
-def resolve_table(*, model: str | None = None, device_name: str | None = None, path: str | Path | None = None,
-                  power_limit_w: float | None = None) -> PowerTable:
+def resolve_table(
+    *,
+    model: str | None = None,
+    device_name: str | None = None,
+    path: str | Path | None = None,
+    power_limit_w: float | None = None,
+) -> PowerTable:
     """The table to use: an explicit file, an explicit model, the model matched from the device name,
     else the generic table. ``power_limit_w`` (from NVML or the user) overrides the table's default."""
     if path is not None:

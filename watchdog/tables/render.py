@@ -26,8 +26,10 @@ def render_table(t: PowerTable) -> str:
     lim = t.power_limit_w
     head = f"{t.model}: {t.description}; limit " + (f"{lim:.0f} W" if lim else "from NVML / --power-limit")
     lines = [head, f"  matches device names containing: {', '.join(t.match) or '(fallback for any GPU)'}"]
-    lines.append(f"  {'state':<24}{'power (fraction of limit)':<30}{'utilisation':<14}{'exit margin':<16}"
-                 f"{'dwell':>6}  source")
+    lines.append(
+        f"  {'state':<24}{'power (fraction of limit)':<30}{'utilisation':<14}{'exit margin':<16}"
+        f"{'dwell':>6}  source"
+    )
     for s in BAND_ORDER:
         b = t.bands[s]
         margin = f"±{b.margin_power:.2f} / ±{100 * b.margin_util:.0f}%"
@@ -36,8 +38,11 @@ def render_table(t: PowerTable) -> str:
             f"{_rng(b.util_min, b.util_max, None, '', pct=True):<14}{margin:<16}{b.dwell_s:>5.1f}s  "
             f"{'[estimate] ' if b.estimate else ''}{b.note}"
         )
-    lines.append(f"  without utilisation: idle below {t.idle_power_max:.2f} of the limit"
-                 + (f" ({t.idle_power_max * lim:.0f} W)" if lim else "") + f"; {t.notes.get('power_only', '')}")
+    lines.append(
+        f"  without utilisation: idle below {t.idle_power_max:.2f} of the limit"
+        + (f" ({t.idle_power_max * lim:.0f} W)" if lim else "")
+        + f"; {t.notes.get('power_only', '')}"
+    )
     if t.notes.get("power_limit"):
         lines.append(f"  limit: {t.notes['power_limit']}")
     return "\n".join(lines)
