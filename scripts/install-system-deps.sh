@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Debian packages the integration tests need (promtool, later alertmanager/amtool, ...).
+# Debian packages the integration tests need: prometheus (promtool and the server),
+# prometheus-alertmanager (amtool and the server, installed as /usr/bin/prometheus-alertmanager), systemd.
 #
 # Idempotent: packages already installed are skipped; `apt-get update` runs at most once per call and
 # only when something is missing. Runs as root, or through sudo when it is available.
@@ -12,6 +13,7 @@ set -euo pipefail
 # means also counts as present).
 PACKAGES=(
   "prometheus:promtool"
+  "prometheus-alertmanager:amtool"
   "systemd:systemd-analyze"
 )
 

@@ -200,7 +200,33 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--summary", action="store_true", help="print a one-line state summary every second")
     r.set_defaults(func=cmd_run)
 
-    d = sub.add_parser("demo-run", help=argparse.SUPPRESS)
+    st = sub.add_parser(
+        "status",
+        help="one daemon's GPUs and jobs as tables",
+        description="Fetch GET /status from a daemon and show its GPUs (state, power, since) and jobs "
+        "(verdict, onset, evidence). Exit status: 0 ok, 1 a deadlock verdict, 2 unreachable.",
+    )
+    st.add_argument("--url", default="http://127.0.0.1:9410", help="daemon URL (default %(default)s)")
+    st.add_argument("--json", action="store_true", help="print the daemon's /status document as it came")
+    st.add_argument("--timeout", type=_positive_float, default=2.0, metavar="S", help="seconds (default 2)")
+    st.set_defaults(func=cmd_status)
+
+    cl = sub.add_parser(
+        "cluster",
+        help="several daemons side by side: which node entered the spin band first, which rank lags",
+        description="Fetch GET /status from several daemons in parallel and compare them: per node its "
+        "source, mode, GPU states and verdicts; which node entered the spin band (checkpoint_or_deadlock) "
+        "first; per job, the rank whose step lags. Exit status: 0 ok, 1 a deadlock verdict on any node, "
+        "2 any daemon unreachable. See docs/cluster.md.",
+        epilog="example:\n  gpu-watchdog cluster node-a:9410 node-b:9410 --json | jq .first_in_spin_band",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cl.add_argument("urls", nargs="+", metavar="URL", help="host, host:port or http://host:port")
+    cl.add_argument("--json", action="store_true", help="one JSON document")
+    cl.add_argument("--timeout", type=_positive_float, default=2.0, metavar="S", help="seconds (default 2)")
+    cl.set_defaults(func=cmd_cluster)
+
+    d = sub.add_parser("demo-run", help="what `make run` starts: run, on real GPUs or else the built-in simulation")
     d.add_argument("--state-dir", default="state")
     d.add_argument("--port", type=int, default=9410)
     d.add_argument("--sim-skip", type=float, default=0.0)
@@ -319,6 +345,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from watchdog.run_cmd import run_daemon
 
     return run_daemon(args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from watchdog.status_cmd import run
+
+    return run(args.url, as_json=args.json, timeout_s=args.timeout)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from watchdog.cluster import run
+
+    return run(args.urls, as_json=args.json, timeout_s=args.timeout)
 
 
 def cmd_demo_run(args: argparse.Namespace) -> int:
