@@ -1,0 +1,42 @@
+"""Recorded GPU telemetry: reading nvidia-smi CSV logs (``nvsmi_csv``), vectorised and chunked.
+
+pyarrow is imported only where recordings are read, never by the daemon's cycle, so this package
+exports the reader lazily: ``import watchdog.recordings.writer`` (which needs no pyarrow) does not
+pull pyarrow in, while ``from watchdog.recordings import NvsmiCsvReader`` works as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from watchdog.recordings.nvsmi_csv import (
+        Chunk,
+        NvsmiCsvReader,
+        RecordingError,
+        RecordingHeader,
+        RecordingWarning,
+        concat_chunks,
+        empty_chunk,
+        gpu_model_name,
+        read_recording,
+    )
+
+__all__ = [
+    "Chunk",
+    "NvsmiCsvReader",
+    "RecordingError",
+    "RecordingHeader",
+    "RecordingWarning",
+    "concat_chunks",
+    "empty_chunk",
+    "gpu_model_name",
+    "read_recording",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("watchdog.recordings.nvsmi_csv"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
