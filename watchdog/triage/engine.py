@@ -1,0 +1,271 @@
+"""Triage one recording: read it in chunks, classify every GPU's samples (state carried across
+chunks), account the time in each state, and apply the power-only deadlock rule.
+
+Accounting follows the contract: each sample holds until that GPU's next sample, gaps capped at twice
+the median sampling interval (measured on the head of the file, so the answer does not depend on the
+chunk size); ``states_s`` sums GPU-seconds. A state's segment starts where its signature began (the
+classifier dates a change back to the first sample of the run that caused it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from watchdog.classify.bands import CODE
+from watchdog.classify.hysteresis import Carry, classify_series
+from watchdog.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
+from watchdog.states import GPU_STATES, GpuState
+from watchdog.tables import PowerTable, TableError, match_model, resolve_table
+from watchdog.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, find_deadlocks
+
+#: Points kept per GPU for the plot (evenly thinned).
+PLOT_POINTS_PER_GPU = 6000
+_HEAD_INTERVALS = 2000
+
+
+class TriageInputError(ValueError):
+    """Bad input for triage (unknown model, no power limit...); the CLI exits 2 with this message."""
+
+
+@dataclass(frozen=True, slots=True)
+class TriageOptions:
+    model: str | None = None
+    gpus: int | None = None
+    power_limit_w: float | None = None
+    deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S
+    table_path: str | None = None
+    chunk_bytes: int = 16 << 20
+    keep_plot_points: bool = False
+
+
+@dataclass(slots=True)
+class _GpuTrack:
+    carry: Carry | None = None
+    last_t: float | None = None
+    pos: float = 0.0
+    """Covered seconds up to the last sample (capped gaps)."""
+    samples: int = 0
+    switches: list[tuple[float, float, GpuState]] = field(default_factory=list)
+    plot_t: list[np.ndarray] = field(default_factory=list)
+    plot_p: list[np.ndarray] = field(default_factory=list)
+
+
+@dataclass
+class TriageResult:
+    file: str
+    model: str
+    table: PowerTable
+    power_limit_w: float
+    gpus: int
+    samples: int
+    duration_s: float
+    states_s: dict[str, float]
+    per_gpu_states_s: list[dict[str, float]]
+    segments: list[dict[str, Any]]
+    verdicts: list[dict[str, Any]]
+    deadlock_after_s: float
+    warnings: list[str]
+    start_time: float
+    """Epoch seconds of the first sample (times in the result are relative to it)."""
+    plot: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+    """Per GPU: thinned (time_s, power_w, state code) for plotting."""
+
+    @property
+    def deadlock(self) -> bool:
+        return bool(self.verdicts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "model": self.model,
+            "power_limit_w": self.power_limit_w,
+            "gpus": self.gpus,
+            "samples": self.samples,
+            "duration_s": round(self.duration_s, 3),
+            "states_s": {k: round(v, 3) for k, v in self.states_s.items()},
+            "segments": self.segments,
+            "verdicts": self.verdicts,
+            "per_gpu_states_s": [{k: round(v, 3) for k, v in d.items()} for d in self.per_gpu_states_s],
+            "deadlock_after_s": self.deadlock_after_s,
+            "table": self.table.path,
+            "start_time": self.start_time,
+            "warnings": self.warnings,
+        }
+
+
+def _pick_table(
+    opts: TriageOptions, header_names: tuple[str, ...] | None, header_limit_w: float | None
+) -> tuple[PowerTable, float]:
+    device = header_names[0] if header_names else None
+    try:
+        table = resolve_table(model=opts.model, device_name=device, path=opts.table_path)
+    except TableError as e:
+        raise TriageInputError(str(e)) from None
+    limit = opts.power_limit_w or header_limit_w or table.power_limit_w
+    if not limit:
+        named = (
+            f"the file names the GPU {device!r}, which no table matches"
+            if device
+            else "the file does not name the GPU model"
+        )
+        raise TriageInputError(
+            f"{named}: pass --model (one of B300, B200, H200, H100, A100) or "
+            "--power-limit WATTS for the generic table"
+        )
+    return table, float(limit)
+
+
+def _median_intervals(path: str, gpus: int | None) -> tuple[int, np.ndarray]:
+    """Median sampling interval per GPU from the head of the file (chunk-size independent)."""
+    reader = NvsmiCsvReader(path, gpus=gpus, chunk_bytes=1 << 20)
+    n = reader.header.gpus
+    med = np.full(n, np.nan)
+    for chunk in reader.chunks():
+        for g in range(n):
+            t = chunk.time_s[chunk.gpu == g][: _HEAD_INTERVALS + 1]
+            d = np.diff(t)
+            d = d[d > 0]
+            if len(d):
+                med[g] = float(np.median(d))
+        break
+    fallback = np.nanmedian(med) if np.isfinite(med).any() else 1.0
+    med[~np.isfinite(med)] = fallback
+    return n, med
+
+
+def triage_file(
+    path: str | Path, opts: TriageOptions = TriageOptions(), progress: Callable[[int], None] | None = None
+) -> TriageResult:
+    """Triage one recording. Raises RecordingError / TriageInputError on bad input."""
+    path = str(path)
+    reader = NvsmiCsvReader(path, gpus=opts.gpus, chunk_bytes=opts.chunk_bytes)
+    header = reader.header
+    table, limit_w = _pick_table(opts, header.gpu_names, header.power_limit_w)
+    model = (
+        table.model
+        if table.model != "generic"
+        else (match_model(header.gpu_names[0]) if header.gpu_names else None) or "generic"
+    )
+    n_gpus, med = _median_intervals(path, header.gpus)
+    cap = 2.0 * med
+    tracks = [_GpuTrack() for _ in range(n_gpus)]
+    t0: float | None = None
+    total = 0
+    thin = 1
+    if opts.keep_plot_points:
+        est_rows = max(1, header.size_bytes // 40)
+        thin = max(1, est_rows // max(1, n_gpus * PLOT_POINTS_PER_GPU))
+    use_file_limit = opts.power_limit_w is None
+
+    for chunk in reader.chunks():
+        n = len(chunk.gpu)
+        if n == 0:
+            continue
+        if t0 is None:
+            t0 = float(np.nanmin(chunk.time_s))
+        total += n
+        order = np.argsort(chunk.gpu, kind="stable")
+        gpu_sorted = chunk.gpu[order]
+        bounds = np.searchsorted(gpu_sorted, np.arange(n_gpus + 1))
+        t_all = chunk.time_s[order] - t0
+        p_all = chunk.power_w[order]
+        u_all = chunk.utilization_ratio[order]
+        if use_file_limit and np.isfinite(chunk.power_limit_w).any():
+            lim_all = np.where(np.isfinite(chunk.power_limit_w[order]), chunk.power_limit_w[order], limit_w)
+        else:
+            lim_all = None
+        for g in range(n_gpus):
+            a, b = int(bounds[g]), int(bounds[g + 1])
+            if a == b:
+                continue
+            tr = tracks[g]
+            t = t_all[a:b]
+            floor = tr.last_t if tr.last_t is not None else -np.inf
+            t = np.maximum.accumulate(np.maximum(t, floor))  # clock glitches: never go back in time
+            lim = limit_w if lim_all is None else lim_all[a:b]
+            pf = p_all[a:b] / lim
+            u = u_all[a:b]
+            gaps = np.diff(t, prepend=t[0] if tr.last_t is None else tr.last_t)
+            gaps = np.minimum(gaps, cap[g])
+            pos = tr.pos + np.cumsum(gaps)
+            switches, tr.carry = classify_series(table, t, pf, u, tr.carry, pos)
+            tr.switches.extend((s.since_s, s.since_pos, s.state) for s in switches)
+            tr.last_t = float(t[-1])
+            tr.pos = float(pos[-1])
+            tr.samples += b - a
+            if opts.keep_plot_points:
+                tr.plot_t.append(t[::thin].copy())
+                tr.plot_p.append(p_all[a:b][::thin].copy())
+        if progress is not None:
+            progress(chunk.end_offset)
+
+    if t0 is None:
+        raise RecordingError(path, 1, 1, "the recording has no samples")
+    end_s = max((tr.last_t for tr in tracks if tr.last_t is not None), default=0.0)
+    states_s = {str(s): 0.0 for s in GPU_STATES}
+    per_gpu: list[dict[str, float]] = []
+    segments: list[dict[str, Any]] = []
+    band_intervals: list[list[tuple[float, float]]] = []
+    for g, tr in enumerate(tracks):
+        mine = {str(s): 0.0 for s in GPU_STATES}
+        spans: list[tuple[float, float]] = []
+        sw = tr.switches
+        for i, (since_s, since_pos, state) in enumerate(sw):
+            end_t, end_pos = (sw[i + 1][0], sw[i + 1][1]) if i + 1 < len(sw) else (tr.last_t or 0.0, tr.pos)
+            mine[str(state)] += end_pos - since_pos
+            segments.append(
+                {"gpu": g, "state": str(state), "start_s": round(since_s, 3), "end_s": round(end_t, 3)}
+            )
+            if state is GpuState.CHECKPOINT_OR_DEADLOCK:
+                spans.append((since_s, end_t))
+        for k, v in mine.items():
+            states_s[k] += v
+        per_gpu.append(mine)
+        band_intervals.append(spans)
+    segments.sort(key=lambda s: (s["start_s"], s["gpu"]))
+    # an interval reaching the last sample of every GPU is still open at the end of the recording
+    open_end = min((tr.last_t for tr in tracks if tr.last_t is not None), default=end_s)
+    findings = find_deadlocks(band_intervals, open_end, opts.deadlock_after_s) if n_gpus else []
+    verdicts = [
+        {
+            "verdict": "deadlock",
+            "gpus": list(f.gpus),
+            "onset_s": round(f.onset_s, 3),
+            "detected_s": round(f.detected_s, 3),
+            "ended_s": None if f.ended_s is None else round(f.ended_s, 3),
+        }
+        for f in findings
+    ]
+    plot = None
+    if opts.keep_plot_points:
+        plot = []
+        for tr in tracks:
+            t = np.concatenate(tr.plot_t) if tr.plot_t else np.empty(0)
+            p = np.concatenate(tr.plot_p) if tr.plot_p else np.empty(0)
+            since = np.array([s[0] for s in tr.switches])
+            codes = np.array([CODE[s[2]] for s in tr.switches], dtype=np.int8)
+            idx = np.searchsorted(since, t, side="right") - 1
+            state = codes[np.clip(idx, 0, None)] if len(codes) else np.zeros(len(t), np.int8)
+            plot.append((t, p, state))
+    return TriageResult(
+        file=path,
+        model=model,
+        table=table,
+        power_limit_w=limit_w,
+        gpus=n_gpus,
+        samples=total,
+        duration_s=end_s,
+        states_s=states_s,
+        per_gpu_states_s=per_gpu,
+        segments=segments,
+        verdicts=verdicts,
+        deadlock_after_s=opts.deadlock_after_s,
+        warnings=list(reader.warnings),
+        start_time=t0,
+        plot=plot,
+    )
