@@ -8,8 +8,17 @@ import time
 from collections.abc import Callable
 
 
-def line(name: str, value: float, unit: str, *, baseline: float | None = None, baseline_name: str = "",
-         budget: str = "", higher_is_better: bool = True, ok: bool | None = None) -> str:
+def line(
+    name: str,
+    value: float,
+    unit: str,
+    *,
+    baseline: float | None = None,
+    baseline_name: str = "",
+    budget: str = "",
+    higher_is_better: bool = True,
+    ok: bool | None = None,
+) -> str:
     text = f"  {name:<46} {value:>14,.3f} {unit:<10}"
     if baseline is not None and baseline > 0:
         ratio = value / baseline

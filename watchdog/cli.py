@@ -226,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--timeout", type=_positive_float, default=2.0, metavar="S", help="seconds (default 2)")
     cl.set_defaults(func=cmd_cluster)
 
-    d = sub.add_parser("demo-run", help="what `make run` starts: run, on real GPUs or else the built-in simulation")
+    d = sub.add_parser(
+        "demo-run", help="what `make run` starts: run, on real GPUs or else the built-in simulation"
+    )
     d.add_argument("--state-dir", default="state")
     d.add_argument("--port", type=int, default=9410)
     d.add_argument("--sim-skip", type=float, default=0.0)

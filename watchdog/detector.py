@@ -139,8 +139,9 @@ class Detector:
     def forget(self, job: str) -> None:
         self._jobs.pop(job, None)
 
-    def update(self, now: float, gpus: Sequence[GpuView], jobs: Sequence[JobView],
-               telemetry_ok: bool = True) -> list[JobStatus]:
+    def update(
+        self, now: float, gpus: Sequence[GpuView], jobs: Sequence[JobView], telemetry_ok: bool = True
+    ) -> list[JobStatus]:
         """One cycle. ``telemetry_ok`` is False when the source reports no GPUs at all (``none``)."""
         by_gpu = {g.gpu: g for g in gpus}
         for g in gpus:
@@ -163,8 +164,12 @@ class Detector:
             job_gpus = list(by_gpu.values())  # ranks not mapped to GPUs: the node's GPUs stand in
         self._learn_nvlink(now, job_gpus, mem)
         known = [g for g in job_gpus if g.state is not GpuState.UNKNOWN]
-        lost = [g.gpu for g in job_gpus if g.gpu in self._gpu_unknown_since
-                and now - self._gpu_unknown_since[g.gpu] >= cfg.telemetry_lost_after_s]
+        lost = [
+            g.gpu
+            for g in job_gpus
+            if g.gpu in self._gpu_unknown_since
+            and now - self._gpu_unknown_since[g.gpu] >= cfg.telemetry_lost_after_s
+        ]
         gpu_usable = telemetry_ok and bool(known) and len(known) == len(job_gpus)
         spinning = gpu_usable and all(g.state is GpuState.CHECKPOINT_OR_DEADLOCK for g in known)
         spin_since = max((now if g.since is None else g.since) for g in known) if spinning else None
@@ -173,10 +178,21 @@ class Detector:
         writes = self._recent_writes(now, mem)
         writing = writes >= cfg.write_active_bytes
         interval = _interval(mem, cfg.default_step_interval_s)
-        live = [r for r in job.ranks if r.phase in LEASED_PHASES and r.lease_until is not None
-                and now <= r.lease_until + cfg.lease_grace_s]
-        expired = [r for r in job.ranks if r.phase in LEASED_PHASES and r.phase != "init"
-                   and r.lease_until is not None and now > r.lease_until + cfg.lease_grace_s]
+        live = [
+            r
+            for r in job.ranks
+            if r.phase in LEASED_PHASES
+            and r.lease_until is not None
+            and now <= r.lease_until + cfg.lease_grace_s
+        ]
+        expired = [
+            r
+            for r in job.ranks
+            if r.phase in LEASED_PHASES
+            and r.phase != "init"
+            and r.lease_until is not None
+            and now > r.lease_until + cfg.lease_grace_s
+        ]
         train = [r for r in job.ranks if r.phase == "train" and r.step is not None]
         frozen_since = self._frozen_since(job, mem, train)
         frozen_s = now - frozen_since if frozen_since is not None else 0.0
@@ -194,11 +210,27 @@ class Detector:
             "live_leases": {str(r.rank): r.lease_until for r in live},
             "expired_leases": {str(r.rank): r.lease_until for r in expired},
             "nvlink_frozen_since": nvlink_frozen,
-            "telemetry": "ok" if gpu_usable else ("lost" if lost else ("none" if not telemetry_ok else "partial")),
+            "telemetry": "ok"
+            if gpu_usable
+            else ("lost" if lost else ("none" if not telemetry_ok else "partial")),
         }
         verdict, onset, cause, signals = self._decide(
-            now, job, mem, spinning, spin_since, writing, interval, live, expired, train, frozen_since, frozen_s,
-            gpu_usable, lost, job_gpus, most_waiting,
+            now,
+            job,
+            mem,
+            spinning,
+            spin_since,
+            writing,
+            interval,
+            live,
+            expired,
+            train,
+            frozen_since,
+            frozen_s,
+            gpu_usable,
+            lost,
+            job_gpus,
+            most_waiting,
         )
         evidence["signals"] = signals
         if cause:
@@ -211,42 +243,93 @@ class Detector:
             if verdict not in (Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED):
                 mem.suspected_since = None
         ranks = tuple(
-            RankStatus(rank=r.rank, pid=r.pid, gpu=r.gpu, step=r.step, phase=r.phase, lease_until=r.lease_until,
-                       alive=r.alive, process_status=r.status)
+            RankStatus(
+                rank=r.rank,
+                pid=r.pid,
+                gpu=r.gpu,
+                step=r.step,
+                phase=r.phase,
+                lease_until=r.lease_until,
+                alive=r.alive,
+                process_status=r.status,
+            )
             for r in job.ranks
         )
-        return JobStatus(job=job.job, ranks=ranks, verdict=mem.verdict, onset=mem.onset, raised=mem.raised,
-                         evidence=evidence, cause=cause)
+        return JobStatus(
+            job=job.job,
+            ranks=ranks,
+            verdict=mem.verdict,
+            onset=mem.onset,
+            raised=mem.raised,
+            evidence=evidence,
+            cause=cause,
+        )
 
-    def _decide(self, now, job, mem, spinning, spin_since, writing, interval, live, expired, train, frozen_since,
-                frozen_s, gpu_usable, lost, job_gpus, most_waiting):
+    def _decide(
+        self,
+        now,
+        job,
+        mem,
+        spinning,
+        spin_since,
+        writing,
+        interval,
+        live,
+        expired,
+        train,
+        frozen_since,
+        frozen_s,
+        gpu_usable,
+        lost,
+        job_gpus,
+        most_waiting,
+    ):
         cfg = self.config
         suspicion: tuple[float, list[str]] | None = None
         if not writing:
             disagree = [r for r in live if r.phase in ANNOUNCE_DEADLOCK_PHASES]
-            if disagree and train and frozen_since is not None \
-                    and frozen_s >= max(cfg.disagree_min_s, cfg.k_fast * interval):
+            if (
+                disagree
+                and train
+                and frozen_since is not None
+                and frozen_s >= max(cfg.disagree_min_s, cfg.k_fast * interval)
+            ):
                 suspicion = (frozen_since, ["phase_disagreement", "steps_frozen"])
             elif job.has_progress and train and not live and frozen_since is not None:
-                if spinning and frozen_s >= max(cfg.fast_min_s, cfg.k_fast * interval) \
-                        and now - spin_since >= cfg.spin_min_s:
+                if (
+                    spinning
+                    and frozen_s >= max(cfg.fast_min_s, cfg.k_fast * interval)
+                    and now - spin_since >= cfg.spin_min_s
+                ):
                     suspicion = (min(frozen_since, spin_since), ["steps_frozen", "spin_band", "no_writes"])
                 elif frozen_s >= max(cfg.slow_min_s, cfg.k_slow * interval):
                     sig = ["steps_frozen", "no_writes"] + (["spin_band"] if spinning else [])
                     suspicion = (frozen_since, sig)
-            elif not job.has_progress and spinning and now - spin_since >= cfg.power_only_after_s \
-                    and all(r.alive is not False for r in job.ranks):
+            elif (
+                not job.has_progress
+                and spinning
+                and now - spin_since >= cfg.power_only_after_s
+                and all(r.alive is not False for r in job.ranks)
+            ):
                 suspicion = (spin_since, ["spin_band", "no_writes", "no_progress_files"])
-            elif expired and not live and frozen_since is not None and not writing \
-                    and all(r.phase != "checkpoint" for r in expired):
-                # an expired eval/epoch_end lease with frozen steps: the lease is no excuse
-                if frozen_s >= max(cfg.fast_min_s, cfg.k_fast * interval):
-                    suspicion = (frozen_since, ["expired_lease", "steps_frozen"])
+            elif expired and not live and all(r.phase != "checkpoint" for r in expired):
+                # every rank announced eval/epoch_end and outlived its lease: the promise is broken
+                changed = [r.step_changed_at for r in job.ranks if r.step_changed_at is not None]
+                lease_end = (
+                    max(r.lease_until for r in expired if r.lease_until is not None) + cfg.lease_grace_s
+                )
+                if changed and now - lease_end >= cfg.fast_min_s:
+                    suspicion = (max(changed), ["expired_lease", "steps_frozen"])
         if suspicion is not None:
             onset, signals = suspicion
-            since = mem.suspected_since if mem.verdict in (Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED) \
+            since = (
+                mem.suspected_since
+                if mem.verdict in (Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED)
                 else now
-            if mem.verdict is Verdict.DEADLOCK_CONFIRMED or (since is not None and now - since >= cfg.confirm_after_s):
+            )
+            if mem.verdict is Verdict.DEADLOCK_CONFIRMED or (
+                since is not None and now - since >= cfg.confirm_after_s
+            ):
                 return Verdict.DEADLOCK_CONFIRMED, (onset if mem.onset is None else mem.onset), None, signals
             if mem.verdict is Verdict.DEADLOCK_SUSPECTED:
                 return Verdict.DEADLOCK_SUSPECTED, (onset if mem.onset is None else mem.onset), None, signals
@@ -255,7 +338,12 @@ class Detector:
         if ckpt_expired and not [r for r in live if r.phase == "checkpoint"]:
             onset = min(r.lease_until for r in ckpt_expired)
             sig = ["checkpoint_lease_expired"] + (["still_writing"] if writing else ["no_writes"])
-            return Verdict.STALLED_CHECKPOINT, self._keep_onset(mem, Verdict.STALLED_CHECKPOINT, onset), None, sig
+            return (
+                Verdict.STALLED_CHECKPOINT,
+                self._keep_onset(mem, Verdict.STALLED_CHECKPOINT, onset),
+                None,
+                sig,
+            )
         if [r for r in live if r.phase == "checkpoint"] or (writing and most_waiting):
             sig = ["checkpoint_lease"] if live else ["writes", "spin_band"]
             onset = now if spin_since is None else spin_since
@@ -265,12 +353,20 @@ class Detector:
             since = max((now if g.since is None else g.since) for g in starving)
             if now - since >= cfg.starvation_after_s:
                 cause = self._starvation_cause(job)
-                return Verdict.DATA_STARVATION, self._keep_onset(mem, Verdict.DATA_STARVATION, since), cause, \
-                    ["data_starvation_band", cause]
+                return (
+                    Verdict.DATA_STARVATION,
+                    self._keep_onset(mem, Verdict.DATA_STARVATION, since),
+                    cause,
+                    ["data_starvation_band", cause],
+                )
         if lost:
             since = min(self._gpu_unknown_since[g] for g in lost)
-            return Verdict.TELEMETRY_LOST, self._keep_onset(mem, Verdict.TELEMETRY_LOST, since), None, \
-                [f"gpu_reads_failing:{','.join(map(str, lost))}"]
+            return (
+                Verdict.TELEMETRY_LOST,
+                self._keep_onset(mem, Verdict.TELEMETRY_LOST, since),
+                None,
+                [f"gpu_reads_failing:{','.join(map(str, lost))}"],
+            )
         return Verdict.HEALTHY, None, None, (["steps_advancing"] if train and frozen_s < interval * 2 else [])
 
     @staticmethod
@@ -278,8 +374,9 @@ class Detector:
         return mem.onset if mem.verdict is verdict and mem.onset is not None else onset
 
     def _starvation_cause(self, job: JobView) -> str:
-        if any(r.status == "disk-sleep" for r in job.ranks) or any((r.read_bytes_delta or 0) > 0 and
-                                                                  r.status == "disk-sleep" for r in job.ranks):
+        if any(r.status == "disk-sleep" for r in job.ranks) or any(
+            (r.read_bytes_delta or 0) > 0 and r.status == "disk-sleep" for r in job.ranks
+        ):
             return "storage_wait"
         ratios = [r.cpu_ratio for r in job.ranks if r.cpu_ratio is not None]
         if ratios and max(ratios) >= self.config.cpu_contention_ratio:

@@ -3,6 +3,7 @@ the streaming (daemon) and vectorised (triage) forms."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -179,7 +180,7 @@ def test_vectorised_equals_streaming(segs, dt, cuts):
     # vectorised, in chunks
     bounds = sorted({0, n, *(c % (n + 1) for c in cuts)})
     got, carry = [], None
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         if a == b:
             continue
         sw, carry = classify_series(H100, t[a:b], p[a:b], u[a:b], carry)

@@ -151,7 +151,8 @@ max_kills_per_hour = 1.5
     )
     assert problems(path) == [
         f"{path}: daemon.period_s: expected a number between 0.1 and 60, got 100",
-        f'{path}: daemon.listen: expected HOST:PORT (e.g. "127.0.0.1:9410" or "[::1]:9410"; port 0 picks a free one), got "localhost"',
+        f'{path}: daemon.listen: expected HOST:PORT (e.g. "127.0.0.1:9410" or "[::1]:9410"; '
+        'port 0 picks a free one), got "localhost"',
         f'{path}: actions.mode: expected one of observe, alert, kill, got "nuke"',
         f'{path}: actions.dry_run: expected true or false, got "yes"',
         f"{path}: actions.max_kills_per_hour: expected an integer between 0 and 100, got 1.5",

@@ -10,8 +10,13 @@ from collections.abc import Callable
 from watchdog.detector import Detector, DetectorConfig, GpuView, JobView, RankView
 from watchdog.states import GpuState, Verdict
 
-C, SPIN, IDLE, STARVE, UNK = (GpuState.COMPUTE, GpuState.CHECKPOINT_OR_DEADLOCK, GpuState.IDLE,
-                              GpuState.DATA_STARVATION, GpuState.UNKNOWN)
+C, SPIN, IDLE, STARVE, UNK = (
+    GpuState.COMPUTE,
+    GpuState.CHECKPOINT_OR_DEADLOCK,
+    GpuState.IDLE,
+    GpuState.DATA_STARVATION,
+    GpuState.UNKNOWN,
+)
 
 
 class Job:
@@ -42,19 +47,34 @@ class Job:
     def views(self) -> tuple[list[GpuView], list[JobView]]:
         gpus = [GpuView(g, self.gpu_state[g], self.gpu_since[g]) for g in range(self.n)]
         ranks = tuple(
-            RankView(rank=r, pid=1000 + r, gpu=r, alive=True, status=self.status[r], cpu_ratio=0.05,
-                     write_bytes_delta=self.writes[r], read_bytes_delta=0.0,
-                     step=self.steps[r] if self.progress else None, phase=self.phase[r] if self.progress else None,
-                     lease_until=self.lease[r] if self.progress else None,
-                     step_changed_at=self.changed[r] if self.progress else None)
+            RankView(
+                rank=r,
+                pid=1000 + r,
+                gpu=r,
+                alive=True,
+                status=self.status[r],
+                cpu_ratio=0.05,
+                write_bytes_delta=self.writes[r],
+                read_bytes_delta=0.0,
+                step=self.steps[r] if self.progress else None,
+                phase=self.phase[r] if self.progress else None,
+                lease_until=self.lease[r] if self.progress else None,
+                step_changed_at=self.changed[r] if self.progress else None,
+            )
             for r in range(self.n)
         )
         return gpus, [JobView("ft", ranks, has_progress=self.progress)]
 
 
-def drive(job: Job, script: Callable[[float, Job], None], until_s: float, *, cfg=DetectorConfig(),
-          telemetry=True) -> list[tuple[float, Verdict, float | None]]:
-    det = Detector(cfg)
+def drive(
+    job: Job,
+    script: Callable[[float, Job], None],
+    until_s: float,
+    *,
+    cfg: DetectorConfig | None = None,
+    telemetry=True,
+) -> list[tuple[float, Verdict, float | None]]:
+    det = Detector(cfg or DetectorConfig())
     out = []
     t = 0.0
     while t <= until_s:
@@ -86,6 +106,7 @@ def hang_at(t0: float):
             job.set_gpus(C, t)
         else:
             job.set_gpus(SPIN, t)
+
     return script
 
 
@@ -126,6 +147,7 @@ def checkpoint(t0: float, length_s: float, lease_s: float, writer_bytes_per_s: f
             job.set_gpus(IDLE, t, [0])
             job.set_gpus(SPIN, t, range(1, job.n))
             job.writes = [writer_bytes_per_s] + [0.0] * (job.n - 1)
+
     return script
 
 
@@ -165,6 +187,21 @@ def test_phase_disagreement_is_the_epoch_end_deadlock_even_with_a_live_lease():
     assert onset <= 200 and t_s - onset <= 30
 
 
+def test_every_rank_outliving_its_epoch_end_lease_is_suspected():
+    def script(t: float, job: Job) -> None:
+        if t < 100:
+            job.advance(t)
+            return
+        job.phase = ["epoch_end"] * job.n
+        job.lease = [100 + 30.0] * job.n  # announced once, never renewed: the ranks hang
+
+    out = drive(Job(), script, 300)
+    assert not {v for t, v, _ in out if t < 130} & {Verdict.DEADLOCK_SUSPECTED}
+    t_s, onset = first(out, Verdict.DEADLOCK_SUSPECTED)
+    cfg = DetectorConfig()
+    assert onset <= 100 and t_s <= 130 + cfg.lease_grace_s + cfg.fast_min_s + 1
+
+
 def test_steps_advancing_again_clears_the_verdict():
     def script(t: float, job: Job) -> None:
         if 100 <= t < 200:
@@ -176,11 +213,12 @@ def test_steps_advancing_again_clears_the_verdict():
     out = drive(Job(), script, 260)
     assert first(out, Verdict.DEADLOCK_SUSPECTED) is not None
     assert out[-1][1] is Verdict.HEALTHY
-    assert [v for t, v, _ in out if t == 201][0] is Verdict.HEALTHY
+    assert next(v for t, v, _ in out if t == 201) is Verdict.HEALTHY
 
 
 def test_slow_steps_are_not_a_hang():
     """A job whose step takes 40 s (a big model) is learned, not suspected between steps."""
+
     def script(t: float, job: Job) -> None:
         if t % 40 == 0:
             job.advance(t)

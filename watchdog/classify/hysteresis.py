@@ -206,39 +206,46 @@ def classify_series(
             got = vote_cache[key] = (w, cs)
         return got
 
-    block = 256
+    other_cache: dict[GpuState, np.ndarray] = {}
+
+    def others_for(s: GpuState) -> np.ndarray:
+        """Indices whose candidate (while in state s) is another state: the only places a change can fire."""
+        got = other_cache.get(s)
+        if got is None:
+            got = other_cache[s] = np.flatnonzero(cand_for(s) != CODE[s])
+        return got
+
     while h0 < n:
         if hist_start is None:
             hist_start = float(t[h0])
         cand = cand_for(state)
+        others = others_for(state)
+        i = int(np.searchsorted(others, max(h0, h)))  # carried samples were judged in their own chunk
         fired_k = -1
-        fired_c = -1
-        a = max(h0, h)  # carried samples were judged in their own chunk: windows reach back, fires do not
-        while a < n and fired_k < 0:
-            b = min(n, a + block)
-            seg = cand[a:b]
-            others = np.unique(seg[seg != CODE[state]])
-            best = b
-            for c in others.tolist():
+        block = 64
+        while i < len(others) and fired_k < 0:
+            ks = others[i : i + block]
+            vals = cand[ks]
+            lo_v, hi_v = int(vals.min()), int(vals.max())
+            codes = [lo_v] if lo_v == hi_v else np.unique(vals).tolist()
+            best = len(ks)
+            for c in codes:
                 dwell = table.dwell_s(GPU_STATES[c])
                 w, cs = votes_for(state, c)
-                k = np.arange(a, b)
-                wk = np.maximum(w[a:b], h0)
-                total = k + 1 - wk
-                votes = cs[k + 1] - cs[wk]
-                fire = (seg == c) & (t[a:b] - hist_start >= dwell) & (votes >= share * total)
-                hit = np.flatnonzero(fire[: best - a])
+                sel = ks[:best]
+                wk = np.maximum(w[sel], h0)
+                votes = cs[sel + 1] - cs[wk]
+                fire = (vals[:best] == c) & (t[sel] - hist_start >= dwell) & (votes >= share * (sel + 1 - wk))
+                hit = np.flatnonzero(fire)
                 if len(hit):
-                    best = a + int(hit[0])
-                    fired_c = c
-            if best < b:
-                fired_k = best
-            a = b
-            block = min(block * 2, 1 << 16)
+                    best = int(hit[0])
+            if best < len(ks):
+                fired_k = int(ks[best])
+            i += block
+            block = min(block * 4, 1 << 16)
         if fired_k < 0:
             break
-        c = fired_c
-        dwell = table.dwell_s(GPU_STATES[c])
+        c = int(cand[fired_k])
         w, _ = votes_for(state, c)
         lo = max(int(w[fired_k]), h0)
         j = lo + int(np.flatnonzero(cand[lo : fired_k + 1] == c)[0])
@@ -247,7 +254,6 @@ def classify_series(
         switches.append(Switch(fired_k - h, state, since_t, since_p))
         h0 = fired_k + 1
         hist_start = None
-        block = 256
     # the history to carry: samples since the last change, within the longest dwell of the last one
     if h0 < n:
         keep_from = max(h0, int(np.searchsorted(t, t[-1] - _max_dwell(table), side="left")))
