@@ -58,6 +58,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_period_seconds": "gauge",
     "gpu_watchdog_start_timestamp_seconds": "gauge",
     "gpu_watchdog_cycles_total": "counter",
+    "gpu_watchdog_missed_cycles_total": "counter",
     "gpu_watchdog_armed": "gauge",
     "gpu_watchdog_mode": "gauge",
     "gpu_watchdog_info": "info",
@@ -237,6 +238,9 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     cycles = _counter(PREFIX + "cycles_total", "Cycles completed since start.", [])
     cycles.add_metric([], float(snapshot.counters.get("cycles_total", snapshot.cycle)))
     yield cycles
+    missed = _counter(PREFIX + "missed_cycles_total", "Ticks skipped because a cycle overran its period.", [])
+    missed.add_metric([], float(snapshot.counters.get("missed_cycles_total", 0.0)))
+    yield missed
     armed = _gauge(PREFIX + "armed", "1 when the daemon is armed to act (alert or kill), else 0.", [])
     armed.add_metric([], 1.0 if snapshot.armed else 0.0)
     yield armed

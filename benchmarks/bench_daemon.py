@@ -1,0 +1,193 @@
+"""The daemon's own cost on a node twice a B300 node, and /status under load against the real daemon.
+
+Setup: the real daemon in its own process (16 simulated B300 GPUs at 10 Hz, the reference scenario)
+and the simulated job with 16 real rank processes writing progress files at 1 Hz. Measured:
+
+* CPU share of one core over the measurement window (psutil on the daemon's pid) - budget <= 2 %;
+* peak resident memory (VmHWM) - budget <= 100 MB;
+* /status latency percentiles at 200 requests/s from a second process (the client of bench_api) -
+  budget p99 <= 20 ms - and the daemon's missed cycles meanwhile (from /metrics) - budget 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from benchmarks.bench_api import CLIENT, P99_BUDGET_MS, percentiles_ms
+from benchmarks.common import header, line
+
+GPUS = 16
+RANKS = 16
+RATE_PER_S = 200.0
+
+CHILD = r"""
+import sys, time
+from watchdog.config import load_config, override
+from watchdog.daemon import Daemon, install_signal_handlers
+from watchdog.telemetry.sim import SimSource
+port, state, progress, start = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+config = override(load_config(None, {}), {"daemon.listen": f"127.0.0.1:{port}", "daemon.state_dir": state,
+                  "daemon.period_s": 0.1, "progress.dir": progress}, origin="bench")
+daemon = Daemon(config, SimSource("reference-b300", gpus=int(sys.argv[5]), start_s=start))
+daemon.start()
+install_signal_handlers(daemon)
+try:
+    daemon.run_forever()
+finally:
+    daemon.close()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metric(base: str, name: str) -> float:
+    for row in httpx.get(f"{base}/metrics", timeout=5).text.splitlines():
+        if row.startswith(name + " ") or row.startswith(name + "{"):
+            return float(row.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def _hwm_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(r.split()[1]) for r in f if r.startswith("VmHWM:")) / 1024
+
+
+def run(quick: bool = False) -> None:
+    window_s = 20.0 if quick else 60.0
+    load_s = 5.0 if quick else 15.0
+    header(
+        f"daemon: {GPUS} simulated B300 at 10 Hz, {RANKS} rank processes with progress files, "
+        f"{window_s:.0f} s window"
+    )
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="gpuwd-bench-") as tmp:
+        state, progress = Path(tmp) / "state", Path(tmp) / "progress"
+        start = time.time() + 1.0
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainer.simjob",
+                "--progress-dir",
+                str(progress),
+                "--start-epoch",
+                str(start),
+                "--ranks",
+                str(RANKS),
+                "--world-size",
+                str(RANKS),
+            ],
+            start_new_session=True,
+        )
+        daemon = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(port), str(state), str(progress), str(start), str(GPUS)],
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the daemon did not become healthy")
+                time.sleep(0.2)
+            time.sleep(10.0)  # warm-up: discovery of the ranks, first progress reads
+            proc = psutil.Process(daemon.pid)
+            cpu0, t0 = proc.cpu_times(), time.monotonic()
+            missed0 = _metric(base, "gpu_watchdog_missed_cycles_total")
+            time.sleep(window_s)
+            cpu1, t1 = proc.cpu_times(), time.monotonic()
+            share = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / (t1 - t0)
+            ranks = len(httpx.get(f"{base}/status", timeout=5).json()["jobs"][0]["ranks"])
+            line(
+                "daemon CPU share of one core",
+                100 * share,
+                "%",
+                budget="<= 2 %",
+                ok=share <= 0.02,
+                higher_is_better=False,
+            )
+            line(
+                "daemon peak resident memory",
+                _hwm_mb(daemon.pid),
+                "MB",
+                budget="<= 100 MB",
+                ok=_hwm_mb(daemon.pid) <= 100,
+                higher_is_better=False,
+            )
+            line("rank processes tracked", float(ranks), "ranks")
+            line(
+                "missed cycles while idle",
+                _metric(base, "gpu_watchdog_missed_cycles_total") - missed0,
+                "cycles",
+                budget="0",
+                higher_is_better=False,
+            )
+            header(f"daemon /status under {RATE_PER_S:.0f} req/s from a second process, {load_s:.0f} s")
+            missed0 = _metric(base, "gpu_watchdog_missed_cycles_total")
+            result = subprocess.run(
+                [sys.executable, "-c", CLIENT, base, str(RATE_PER_S), str(load_s)],
+                capture_output=True,
+                text=True,
+                timeout=load_s + 60,
+                check=True,
+            )
+            measured = json.loads(result.stdout)
+            ms = percentiles_ms(measured["service_s"])
+            for name in ("p50", "p90"):
+                line(f"/status latency {name}", ms[name], "ms", higher_is_better=False)
+            line(
+                "/status latency p99",
+                ms["p99"],
+                "ms",
+                budget=f"<= {P99_BUDGET_MS:.0f} ms",
+                ok=ms["p99"] <= P99_BUDGET_MS,
+                higher_is_better=False,
+            )
+            line(
+                "failed requests",
+                float(measured["errors"]),
+                "requests",
+                budget="0",
+                ok=measured["errors"] == 0,
+                higher_is_better=False,
+            )
+            missed = _metric(base, "gpu_watchdog_missed_cycles_total") - missed0
+            line(
+                "daemon missed cycles under load",
+                missed,
+                "cycles",
+                budget="0",
+                ok=missed == 0,
+                higher_is_better=False,
+            )
+        finally:
+            for p in (daemon, job):
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                    p.wait(timeout=15)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    os.killpg(p.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    run(quick="--quick" in sys.argv)
