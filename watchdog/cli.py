@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tb.add_argument("--model", help="only this model")
     tb.add_argument("--json", action="store_true")
+    tb.add_argument("--plot", metavar="PNG", help="draw the bands of each table in the power x utilisation plane")
     tb.set_defaults(func=cmd_tables)
 
     c = sub.add_parser(
@@ -316,6 +317,10 @@ def cmd_tables(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(render_tables(tables))
+    if args.plot:
+        from watchdog.tables.figure import plot_tables
+
+        print(f"plot: {plot_tables(tables, args.plot)}", file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 
 
