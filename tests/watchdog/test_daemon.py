@@ -264,3 +264,64 @@ def test_wedged_gpu_keeps_healthz_answering_and_raises_telemetry_lost(tmp_path: 
         daemon.stop()
         loop.join(10)
         daemon.close()
+
+
+@pytest.mark.slow
+def test_cluster_names_the_node_that_entered_the_spin_band_first(tmp_path: Path):
+    """Two real daemons replaying different recordings: node-b's GPUs hang 15 s after node-a's."""
+    from watchdog.recordings.writer import write_nvsmi_csv
+    from watchdog.telemetry.sim import Scenario
+
+    procs, urls = [], []
+    try:
+        for node, hang_at in (("node-b", 30), ("node-a", 15)):
+            rec = tmp_path / f"{node}.csv"
+            write_nvsmi_csv(
+                rec,
+                Scenario.symmetric_hang(hang_at, 600, model="H100", gpus=4, power_limit_w=700.0),
+                120,
+                rate_hz=5,
+                with_index=True,
+            )
+            port = free_port()
+            cfg = write_config(
+                tmp_path / f"{node}.toml", tmp_path / node, tmp_path / f"{node}-progress", port
+            )
+            cfg.write_text(cfg.read_text().replace('node = "test-node"', f'node = "{node}"'))
+            procs.append(
+                subprocess.Popen(
+                    [*GPU_WATCHDOG, "run", "--config", str(cfg), "--source", f"replay:{rec}"],
+                    cwd=REPO,
+                    start_new_session=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            urls.append(f"http://127.0.0.1:{port}")
+        for url in urls:
+            wait_for(
+                lambda url=url: (
+                    {g["state"] for g in httpx.get(f"{url}/gpus", timeout=2).json()}
+                    == {"checkpoint_or_deadlock"}
+                ),
+                90,
+                f"{url} in the spin band",
+            )
+        r = subprocess.run(
+            [*GPU_WATCHDOG, "cluster", "--json", *urls], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        import json
+
+        doc = json.loads(r.stdout)
+        assert r.returncode == 0, r.stderr  # spinning, but no job and no deadlock verdict: exit 0
+        assert doc["first_in_spin_band"]["node"] == "node-a"
+        order = [n["node"] for n in doc["spin_order"]]
+        assert order == ["node-a", "node-b"]
+        assert 10 <= doc["spin_order"][1]["after_first_s"] <= 20
+        text = subprocess.run(
+            [*GPU_WATCHDOG, "cluster", *urls], cwd=REPO, capture_output=True, text=True, timeout=60
+        ).stdout
+        assert "Entered the spin band first: node-a" in text
+    finally:
+        for p in procs:
+            stop(p)
