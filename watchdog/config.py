@@ -293,9 +293,6 @@ class ClassifierConfig:
         default_factory=lambda: MappingProxyType({}),
         metadata=meta(dwell_table, "per-state minimum dwell overrides"),
     )
-    learn_compute_level: bool = field(
-        default=True, metadata=meta(boolean, "learn each job's steady compute power")
-    )
 
 
 @dataclass(frozen=True, slots=True)
