@@ -1,0 +1,551 @@
+"""The alert model, deterministic dedup keys and one payload builder per sink kind (pure).
+
+An :class:`Alert` is sink-neutral: it holds what a person needs at 3 a.m. (node, job, ranks and GPUs,
+since when, the evidence, GPU-hours burned since onset, the runbook entry, the evidence bundle). It is
+what the outbox stores (as :meth:`Alert.to_dict`); the sink's wire form is rendered at delivery time
+by :func:`render`, so secrets (PagerDuty routing key, Slack URL) never reach the event store.
+
+Conditions (one alert each, deduplicated by ``node:job:condition``):
+
+- ``deadlock`` - verdicts ``deadlock_suspected`` and ``deadlock_confirmed`` (one alert that escalates
+  from severity ``error`` to ``critical``, so a receiver sees one incident, not two);
+- ``deterministic_hang`` - the same hang signature (job + frozen step) seen again: "do not restart";
+- ``stalled_checkpoint``, ``data_starvation``, ``telemetry_lost`` - alert only, never kill.
+
+Wire forms (``../shared/research/conventions.md``):
+
+- ``webhook``: the alert as a JSON object (:meth:`Alert.to_dict` plus ``status``);
+- ``alertmanager``: ``POST {url}/api/v2/alerts`` with a JSON array of
+  ``{labels, annotations, startsAt, endsAt[, generatorURL]}``; labels identify the alert and never
+  change within it (``alertname``, ``node``, ``job``, ``condition``, ``severity``, ``service``);
+  a firing alert's ``endsAt`` is ``send time + 4 x resend_interval_s`` (as Prometheus does), so a dead
+  daemon's alerts expire; a resolve sends ``endsAt`` = the time it cleared;
+- ``pagerduty``: Events API v2 (``routing_key``, ``event_action`` trigger/resolve, ``dedup_key`` <= 255
+  chars, ``payload.summary`` <= 1024 chars, ``severity`` critical|error|warning|info);
+- ``slack``: incoming webhook ``{text, blocks}`` (``text`` is the notification fallback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from watchdog.snapshot import GpuStatus, JobStatus
+from watchdog.states import Verdict
+
+DEFAULT_RUNBOOK = "docs/operator-guide.md"
+SOURCE = "gpu-watchdog"
+PAGERDUTY_SUMMARY_MAX = 1024
+PAGERDUTY_DEDUP_MAX = 255
+SLACK_SECTION_MAX = 2900
+"""Slack limits a section's text to 3000 characters."""
+ALERTMANAGER_EXPIRY_RESENDS = 4
+"""A firing alert's ``endsAt`` lies this many resend intervals after it was sent."""
+
+
+class Condition(StrEnum):
+    DEADLOCK = "deadlock"
+    DETERMINISTIC_HANG = "deterministic_hang"
+    STALLED_CHECKPOINT = "stalled_checkpoint"
+    DATA_STARVATION = "data_starvation"
+    TELEMETRY_LOST = "telemetry_lost"
+
+
+class Status(StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+_CONDITION_OF: dict[Verdict, Condition] = {
+    Verdict.DEADLOCK_SUSPECTED: Condition.DEADLOCK,
+    Verdict.DEADLOCK_CONFIRMED: Condition.DEADLOCK,
+    Verdict.STALLED_CHECKPOINT: Condition.STALLED_CHECKPOINT,
+    Verdict.DATA_STARVATION: Condition.DATA_STARVATION,
+    Verdict.TELEMETRY_LOST: Condition.TELEMETRY_LOST,
+}
+
+ALERT_NAMES: dict[Condition, str] = {
+    Condition.DEADLOCK: "GpuTrainingDeadlock",
+    Condition.DETERMINISTIC_HANG: "GpuTrainingDeterministicHang",
+    Condition.STALLED_CHECKPOINT: "GpuTrainingStalledCheckpoint",
+    Condition.DATA_STARVATION: "GpuTrainingDataStarvation",
+    Condition.TELEMETRY_LOST: "GpuTelemetryLost",
+}
+
+#: The Alertmanager ``severity`` label of each condition (fixed per alert: labels identify it).
+LABEL_SEVERITY: dict[Condition, str] = {
+    Condition.DEADLOCK: "critical",
+    Condition.DETERMINISTIC_HANG: "critical",
+    Condition.STALLED_CHECKPOINT: "warning",
+    Condition.DATA_STARVATION: "warning",
+    Condition.TELEMETRY_LOST: "warning",
+}
+
+
+def condition_for(verdict: Verdict | str) -> Condition | None:
+    """The alert condition a verdict raises, or None (``healthy``, ``checkpoint``)."""
+    try:
+        return _CONDITION_OF.get(Verdict(verdict))
+    except ValueError:
+        return None
+
+
+def severity_for(condition: Condition, verdict: Verdict | str) -> str:
+    """PagerDuty severity: a suspected deadlock is an ``error``, a confirmed one ``critical``."""
+    if condition is Condition.DEADLOCK:
+        return "critical" if verdict == Verdict.DEADLOCK_CONFIRMED else "error"
+    return LABEL_SEVERITY[condition]
+
+
+def dedup_key(node: str, job: str, condition: Condition | str) -> str:
+    """``node:job:condition``, deterministic; over 255 characters the middle is replaced by a hash."""
+    key = f"{node}:{job}:{condition}"
+    if len(key) <= PAGERDUTY_DEDUP_MAX:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    tail = f"~{digest}:{condition}"
+    return key[: PAGERDUTY_DEDUP_MAX - len(tail)] + tail
+
+
+def runbook_url(base: str | None, anchor: str) -> str:
+    """``base#anchor``; the default base is ``docs/operator-guide.md`` (the project's runbook)."""
+    base = (base or DEFAULT_RUNBOOK).split("#", 1)[0]
+    return f"{base}#{anchor}"
+
+
+def gpu_hours(n_gpus: int, onset: float | None, now: float) -> float:
+    """GPU-hours burned since ``onset``: ``n_gpus x (now - onset) / 3600`` (0 without an onset)."""
+    if onset is None or n_gpus <= 0 or now <= onset:
+        return 0.0
+    return round(n_gpus * (now - onset) / 3600.0, 3)
+
+
+def rfc3339(t: float) -> str:
+    """Epoch seconds as RFC 3339 UTC with milliseconds (``2025-12-02T12:00:00.000Z``)."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def duration_text(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` -> ``0-3,5``."""
+    out: list[str] = []
+    ordered = sorted(set(values))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert message, sink-neutral. Times are epoch seconds."""
+
+    dedup_key: str
+    node: str
+    job: str
+    condition: str
+    verdict: str
+    severity: str
+    status: str
+    summary: str
+    description: str
+    onset: float | None
+    """When the signature began (the detector's onset)."""
+    starts_at: float
+    """Onset, or when the watchdog first saw the condition: stable within an alert."""
+    time: float
+    """When this message was made."""
+    ends_at: float | None = None
+    """When it cleared (resolved messages only)."""
+    ranks: tuple[dict[str, Any], ...] = ()
+    gpus: tuple[int, ...] = ()
+    gpu_details: tuple[dict[str, Any], ...] = ()
+    signals: tuple[str, ...] = ()
+    evidence: dict[str, Any] = field(default_factory=dict)
+    gpu_hours: float = 0.0
+    runbook: str = ""
+    bundle: str | None = None
+    actions: dict[str, Any] = field(default_factory=dict)
+    """What the watchdog did and will do (mode, capture, kill)."""
+    cause: str | None = None
+
+    @property
+    def firing(self) -> bool:
+        return self.status == Status.FIRING
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ranks"] = [dict(r) for r in self.ranks]
+        d["gpus"] = list(self.gpus)
+        d["gpu_details"] = [dict(g) for g in self.gpu_details]
+        d["signals"] = list(self.signals)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Alert:
+        known = set(cls.__dataclass_fields__)
+        values = {k: v for k, v in d.items() if k in known}
+        for name in ("ranks", "gpus", "gpu_details", "signals"):
+            values[name] = tuple(values.get(name) or ())
+        values["evidence"] = dict(values.get("evidence") or {})
+        values["actions"] = dict(values.get("actions") or {})
+        return cls(**values)
+
+
+# --------------------------------------------------------------------------------------------------
+# Building alerts.
+
+
+def job_gpus(job: JobStatus) -> tuple[int, ...]:
+    """The GPUs of a job: the detector's evidence list, else the ranks' GPUs."""
+    listed = job.evidence.get("gpus") if isinstance(job.evidence, Mapping) else None
+    if isinstance(listed, list) and all(isinstance(g, int) for g in listed) and listed:
+        return tuple(sorted(set(listed)))
+    return tuple(sorted({r.gpu for r in job.ranks if r.gpu is not None}))
+
+
+def frozen_steps(job: JobStatus) -> tuple[int, ...]:
+    """The distinct steps the ranks report (``evidence['steps']``), sorted."""
+    steps = job.evidence.get("steps") if isinstance(job.evidence, Mapping) else None
+    values: set[int] = set()
+    if isinstance(steps, Mapping):
+        values = {int(v) for v in steps.values() if isinstance(v, int) and not isinstance(v, bool)}
+    if not values:
+        values = {r.step for r in job.ranks if r.step is not None}
+    return tuple(sorted(values))
+
+
+def hang_signature(job: JobStatus) -> str | None:
+    """``job@steps`` - the job and the step(s) at which its steps froze; None without steps."""
+    steps = frozen_steps(job)
+    if not steps:
+        return None
+    return f"{job.job}@{','.join(map(str, steps))}"
+
+
+def _summary(
+    condition: Condition,
+    job: JobStatus,
+    node: str,
+    gpus: Sequence[int],
+    since: float,
+    now: float,
+    burned: float,
+) -> str:
+    steps = frozen_steps(job)
+    at = f" at step {_ranges(steps)}" if steps else ""
+    gpu_text = f"GPUs {_ranges(gpus)}" if gpus else "no GPU mapped"
+    lasting = f"for {duration_text(now - since)}, {burned:g} GPU-h burned"
+    if condition is Condition.DETERMINISTIC_HANG:
+        return (
+            f"DETERMINISTIC HANG - do not restart: job {job.job} on {node} hung again{at} "
+            f"({len(job.ranks)} ranks, {gpu_text}) {lasting}"
+        )
+    what = {
+        Condition.DEADLOCK: str(job.verdict).replace("_", " "),
+        Condition.STALLED_CHECKPOINT: "stalled checkpoint",
+        Condition.DATA_STARVATION: f"data starvation ({job.cause or 'cause unknown'})",
+        Condition.TELEMETRY_LOST: "GPU telemetry lost",
+    }[condition]
+    return f"{what}: job {job.job} on {node}{at} ({len(job.ranks)} ranks, {gpu_text}) {lasting}"
+
+
+def build_alert(
+    job: JobStatus,
+    *,
+    node: str,
+    condition: Condition,
+    now: float,
+    first_seen: float,
+    gpus: Sequence[GpuStatus] = (),
+    runbook_base: str | None = None,
+    bundle: str | None = None,
+    actions: Mapping[str, Any] | None = None,
+) -> Alert:
+    """A firing alert for ``job`` under ``condition`` at ``now``."""
+    job_gpu_ids = job_gpus(job)
+    onset = job.onset
+    since = onset if onset is not None else first_seen
+    burned = gpu_hours(len(job_gpu_ids), since, now)
+    by_index = {g.gpu: g for g in gpus}
+    gpu_details = tuple(
+        jsonable(
+            {
+                "gpu": g.gpu,
+                "uuid": g.uuid,
+                "state": str(g.state),
+                "state_since": g.state_since,
+                "power_w": g.power_w,
+                "power_limit_w": g.power_limit_w,
+                "utilization_ratio": g.utilization_ratio,
+            }
+        )
+        for g in (by_index[i] for i in job_gpu_ids if i in by_index)
+    )
+    ranks = tuple(
+        {
+            "rank": r.rank,
+            "pid": r.pid,
+            "gpu": r.gpu,
+            "step": r.step,
+            "phase": r.phase,
+            "alive": r.alive,
+            "process_status": r.process_status,
+        }
+        for r in job.ranks
+    )
+    signals = tuple(str(s) for s in job.evidence.get("signals", ()) or ())
+    anchor = str(condition) if condition is Condition.DETERMINISTIC_HANG else str(job.verdict)
+    runbook = runbook_url(runbook_base, anchor)
+    summary = _summary(condition, job, node, job_gpu_ids, since, now, burned)
+    acts = dict(actions or {})
+    lines = [
+        summary,
+        "",
+        f"node: {node}",
+        f"job: {job.job}",
+        f"verdict: {job.verdict}" + (f" (cause {job.cause})" if job.cause else ""),
+        f"since: {rfc3339(since)} ({duration_text(now - since)} ago)",
+        f"ranks: {', '.join(_rank_text(r) for r in ranks) or 'none found'}",
+        f"GPUs: {_ranges(job_gpu_ids) or 'none mapped'}",
+        f"GPU-hours burned since onset: {burned:g}",
+        f"signals: {', '.join(signals) or 'none'}",
+        f"runbook: {runbook}",
+        f"evidence bundle: {bundle or 'not captured'}",
+    ]
+    if acts.get("next"):
+        lines.append(f"next: {acts['next']}")
+    return Alert(
+        dedup_key=dedup_key(node, job.job, condition),
+        node=node,
+        job=job.job,
+        condition=str(condition),
+        verdict=str(job.verdict),
+        severity=severity_for(condition, job.verdict),
+        status=Status.FIRING.value,
+        summary=summary,
+        description="\n".join(lines),
+        onset=onset,
+        starts_at=since,
+        time=now,
+        ranks=ranks,
+        gpus=job_gpu_ids,
+        gpu_details=gpu_details,
+        signals=signals,
+        evidence=jsonable(job.evidence),
+        gpu_hours=burned,
+        runbook=runbook,
+        bundle=bundle,
+        actions=acts,
+        cause=job.cause,
+    )
+
+
+def _rank_text(r: Mapping[str, Any]) -> str:
+    parts = [f"rank {r['rank']}"]
+    if r.get("pid") is not None:
+        parts.append(f"pid {r['pid']}")
+    if r.get("gpu") is not None:
+        parts.append(f"gpu {r['gpu']}")
+    if r.get("step") is not None:
+        parts.append(f"step {r['step']}")
+    return " ".join(parts)
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-safe deep copy (non-finite floats become None, unknown objects strings)."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
+def resolve(alert: Alert, now: float, reason: str) -> Alert:
+    """The resolved form of a firing alert: ``ends_at`` = ``now``."""
+    summary = f"RESOLVED ({reason}): {alert.summary}"
+    return dataclasses.replace(
+        alert,
+        status=Status.RESOLVED.value,
+        ends_at=now,
+        time=now,
+        summary=summary,
+        description=f"{summary}\n\n{alert.description}",
+        actions={**alert.actions, "resolved_because": reason},
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Wire forms.
+
+
+def webhook_payload(alert: Alert) -> dict[str, Any]:
+    return {"version": "1", "source": SOURCE, **alert.to_dict()}
+
+
+def alertmanager_payload(
+    alerts: Sequence[Alert], *, now: float, resend_interval_s: float, generator_url: str | None = None
+) -> list[dict[str, Any]]:
+    """The body of ``POST /api/v2/alerts``."""
+    out = []
+    for a in alerts:
+        condition = Condition(a.condition)
+        ends = a.ends_at if a.ends_at is not None else now + ALERTMANAGER_EXPIRY_RESENDS * resend_interval_s
+        annotations = {
+            "summary": a.summary,
+            "description": a.description,
+            "runbook_url": a.runbook,
+            "verdict": a.verdict,
+            "onset": rfc3339(a.starts_at),
+            "gpu_hours": f"{a.gpu_hours:g}",
+            "ranks": ",".join(str(r["rank"]) for r in a.ranks),
+            "pids": ",".join(str(r["pid"]) for r in a.ranks if r.get("pid") is not None),
+            "gpus": _ranges(a.gpus),
+            "signals": ",".join(a.signals),
+            "evidence": json.dumps(a.evidence, sort_keys=True, separators=(",", ":")),
+            "bundle": a.bundle or "",
+        }
+        item: dict[str, Any] = {
+            "labels": {
+                "alertname": ALERT_NAMES[condition],
+                "node": a.node,
+                "job": a.job,
+                "condition": a.condition,
+                "severity": LABEL_SEVERITY[condition],
+                "service": SOURCE,
+            },
+            "annotations": {k: v for k, v in annotations.items() if v != ""},
+            "startsAt": rfc3339(min(a.starts_at, ends)),
+            "endsAt": rfc3339(ends),
+        }
+        if generator_url:
+            item["generatorURL"] = generator_url
+        out.append(item)
+    return out
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def pagerduty_payload(alert: Alert, routing_key: str) -> dict[str, Any]:
+    """An Events API v2 event: trigger while firing, resolve once cleared."""
+    if not alert.firing:
+        return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": alert.dedup_key}
+    event: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": alert.dedup_key,
+        "payload": {
+            "summary": _truncate(alert.summary, PAGERDUTY_SUMMARY_MAX),
+            "source": alert.node,
+            "severity": alert.severity,
+            "timestamp": rfc3339(alert.time),
+            "component": alert.job,
+            "group": alert.node,
+            "class": alert.condition,
+            "custom_details": {
+                "verdict": alert.verdict,
+                "since": rfc3339(alert.starts_at),
+                "ranks": list(alert.ranks),
+                "gpus": list(alert.gpus),
+                "gpu_hours_burned": alert.gpu_hours,
+                "signals": list(alert.signals),
+                "evidence": alert.evidence,
+                "runbook": alert.runbook,
+                "evidence_bundle": alert.bundle,
+                "actions": alert.actions,
+            },
+        },
+        "client": SOURCE,
+    }
+    if alert.runbook.startswith(("http://", "https://")):
+        event["links"] = [{"href": alert.runbook, "text": "Runbook"}]
+    return event
+
+
+def slack_payload(alert: Alert) -> dict[str, Any]:
+    """An incoming-webhook message: ``text`` (notification fallback) and ``blocks``."""
+    icon = ":rotating_light:" if alert.firing else ":white_check_mark:"
+    text = f"{icon} [{alert.severity}] {alert.summary}"
+    fields = [
+        f"*Node*\n{alert.node}",
+        f"*Job*\n{alert.job}",
+        f"*Verdict*\n{alert.verdict}",
+        f"*Since*\n{rfc3339(alert.starts_at)}",
+        f"*Ranks*\n{', '.join(str(r['rank']) for r in alert.ranks) or '-'}",
+        f"*GPUs*\n{_ranges(alert.gpus) or '-'}",
+        f"*GPU-hours burned*\n{alert.gpu_hours:g}",
+        f"*Signals*\n{', '.join(alert.signals) or '-'}",
+    ]
+    context = f"Runbook: {alert.runbook}"
+    if alert.bundle:
+        context += f" | Evidence: {alert.bundle}"
+    return {
+        "text": _truncate(text, SLACK_SECTION_MAX),
+        "blocks": [
+            {"type": "section", "text": {"type": "mrkdwn", "text": _truncate(text, SLACK_SECTION_MAX)}},
+            {"type": "section", "fields": [{"type": "mrkdwn", "text": _truncate(f, 1900)} for f in fields]},
+            {
+                "type": "context",
+                "elements": [{"type": "mrkdwn", "text": _truncate(context, SLACK_SECTION_MAX)}],
+            },
+        ],
+    }
+
+
+def render(
+    kind: str,
+    alert: Alert,
+    *,
+    now: float,
+    resend_interval_s: float,
+    routing_key: str | None = None,
+    generator_url: str | None = None,
+) -> Any:
+    """The JSON body for a sink of ``kind`` (``webhook``, ``alertmanager``, ``pagerduty``, ``slack``)."""
+    if kind == "alertmanager":
+        return alertmanager_payload(
+            [alert], now=now, resend_interval_s=resend_interval_s, generator_url=generator_url
+        )
+    if kind == "pagerduty":
+        if not routing_key:
+            raise ValueError("a PagerDuty sink needs a routing key")
+        return pagerduty_payload(alert, routing_key)
+    if kind == "slack":
+        return slack_payload(alert)
+    if kind == "webhook":
+        return webhook_payload(alert)
+    raise ValueError(f"unknown sink kind {kind!r}")
+
+
+def endpoint(kind: str, url: str) -> str:
+    """Where a sink's POST goes: Alertmanager's ``{url}/api/v2/alerts`` (unless ``url`` already names
+    it); every other kind posts to ``url`` itself."""
+    if kind == "alertmanager":
+        base = url.rstrip("/")
+        return base if base.endswith("/api/v2/alerts") else f"{base}/api/v2/alerts"
+    return url
