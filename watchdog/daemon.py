@@ -149,6 +149,7 @@ class Daemon:
             store=self.store,
             state_dir=state_dir,
             node=self.node,
+            generator_url=f"http://{self.config.daemon.listen}/status",
         )
 
     def _start_http(self) -> None:

@@ -1,0 +1,164 @@
+"""Issue 4's must-show through the real daemon: the reference scenario's epoch-end deadlock with a
+simulated job of real rank processes produces, in order, an evidence bundle, an Alertmanager v2 alert
+received by a real HTTP receiver, then - only when armed - SIGTERM (and SIGKILL if needed) of exactly
+the job's processes; an unrelated process survives; once the job is gone the alert resolves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from tests.conftest import REPO
+from watchdog.config import SinkConfig, load_config, override
+from watchdog.daemon import Daemon
+from watchdog.telemetry.sim import SimSource
+
+
+class Receiver(BaseHTTPRequestHandler):
+    posts: ClassVar[list[tuple[float, str, object]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        Receiver.posts.append((time.time(), self.path, json.loads(body)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *_args) -> None:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["kill", "alert"])
+def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_armed(tmp_path: Path, mode: str):
+    Receiver.posts = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    start = time.time() - 100.0  # the scenario's epoch-end deadlock begins at 110 s: ~10 s from now
+    progress = tmp_path / "progress"
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainer.simjob",
+            "--progress-dir",
+            str(progress),
+            "--start-epoch",
+            str(start),
+            "--interval-s",
+            "0.2",
+        ],
+        cwd=REPO,
+        start_new_session=True,
+    )
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True
+    )
+    config = override(
+        load_config(None, {}),
+        {
+            "daemon.listen": "127.0.0.1:0",
+            "daemon.state_dir": str(tmp_path / "state"),
+            "daemon.period_s": 0.2,
+            "progress.dir": str(progress),
+            "actions.mode": mode,
+            "actions.capture_after_s": 0.0,
+            "actions.alert_after_s": 0.0,
+            "actions.sigterm_after_s": 2.0,
+            "actions.sigkill_grace_s": 3.0,
+            "actions.capture_timeout_s": 20.0,
+            "detector.confirm_after_s": 8.0,
+        },
+        origin="test",
+    )
+    sink = SinkConfig(
+        kind="alertmanager", name="am", url=f"http://127.0.0.1:{server.server_port}", timeout_s=2.0
+    )
+    config = replace(config, alerts=replace(config.alerts, sinks=(sink,), retry_initial_s=0.2))
+    daemon = Daemon(config, SimSource("reference-b300", start_s=start))
+    daemon.start()
+    loop = threading.Thread(target=daemon.run_forever, daemon=True)
+    loop.start()
+    rank_pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            snap = daemon.snapshots.latest()
+            jobs = {j.job: j for j in snap.jobs} if snap else {}
+            if "qwen3-32b-ft" in jobs and len(jobs["qwen3-32b-ft"].ranks) == 8 and not rank_pids:
+                rank_pids = [r.pid for r in jobs["qwen3-32b-ft"].ranks if r.pid]
+            if (
+                mode == "kill"
+                and job.poll() is not None
+                and Receiver.posts
+                and any(
+                    a["endsAt"]
+                    and a["endsAt"] <= time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
+                    for _, _, body in Receiver.posts
+                    for a in body
+                )
+            ):
+                break
+            if mode == "alert" and Receiver.posts and time.monotonic() > deadline - 80:
+                break
+            time.sleep(0.5)
+        events = [e.to_dict() for e in daemon.store.since(0, 1000)]
+        alive_at_end = [_alive(p) for p in rank_pids]
+    finally:
+        daemon.stop()
+        loop.join(15)
+        daemon.close()
+        server.shutdown()
+        for p in (job, bystander):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    actions = [
+        (e["payload"]["action"], e["payload"]["result"], e["time"]) for e in events if e["kind"] == "action"
+    ]
+    first = {}
+    for a, r, t in actions:
+        first.setdefault((a, r), t)
+    evidence = [e for e in events if e["kind"] == "evidence"]
+    assert evidence, actions
+    bundle = Path(evidence[0]["payload"]["path"])
+    assert (bundle / "index.json").exists()
+    assert any(e["kind"] == "verdict" and e["payload"]["to"] == "deadlock_suspected" for e in events)
+    # a real Alertmanager v2 request arrived, after the capture started
+    am = [(t, body) for t, path, body in Receiver.posts if path == "/api/v2/alerts"]
+    assert am, Receiver.posts
+    labels = am[0][1][0]["labels"]
+    assert labels["job"] == "qwen3-32b-ft" and labels["service"] == "gpu-watchdog"
+    assert first[("capture", "started")] <= am[0][0]
+    assert len(rank_pids) == 8
+    if mode == "kill":
+        assert first[("alert", "queued")] <= first[("sigterm", "started")]
+        assert not any(alive_at_end), "every rank of the job must be gone"
+        assert bystander.returncode == -signal.SIGKILL  # alive until the test killed it itself
+        resolved = [a for _, body in am for a in body if a["endsAt"] and a["labels"] == labels]
+        assert resolved, "the alert resolves once the job is gone"
+    else:
+        assert not [a for a in actions if a[0] in ("sigterm", "sigkill") and a[1] in ("started", "ok")]
+        assert all(alive_at_end), "alert mode never signals"
