@@ -124,6 +124,27 @@ class _JobMemory:
     suspected_since: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Signals:
+    """What one cycle's inputs say about one job, before any verdict."""
+
+    job_gpus: list[GpuView]
+    lost: list[int]
+    gpu_usable: bool
+    spinning: bool
+    spin_since: float | None
+    most_waiting: bool
+    writes: float
+    writing: bool
+    interval: float
+    live: list[RankView]
+    expired: list[RankView]
+    train: list[RankView]
+    frozen_since: float | None
+    frozen_s: float
+    nvlink_frozen: float | None
+
+
 def _interval(mem: _JobMemory, default: float) -> float:
     if len(mem.advances) < 3:
         return default
@@ -214,12 +235,14 @@ class Detector:
             if gpu_usable
             else ("lost" if lost else ("none" if not telemetry_ok else "partial")),
         }
-        verdict, onset, cause, signals = self._decide(
-            now,
-            job,
-            mem,
+        sig = _Signals(
+            job_gpus,
+            lost,
+            gpu_usable,
             spinning,
             spin_since,
+            most_waiting,
+            writes,
             writing,
             interval,
             live,
@@ -227,11 +250,9 @@ class Detector:
             train,
             frozen_since,
             frozen_s,
-            gpu_usable,
-            lost,
-            job_gpus,
-            most_waiting,
+            nvlink_frozen,
         )
+        verdict, onset, cause, signals = self._decide(now, job, mem, sig)
         evidence["signals"] = signals
         if cause:
             evidence["cause"] = cause
@@ -266,24 +287,16 @@ class Detector:
         )
 
     def _decide(
-        self,
-        now,
-        job,
-        mem,
-        spinning,
-        spin_since,
-        writing,
-        interval,
-        live,
-        expired,
-        train,
-        frozen_since,
-        frozen_s,
-        gpu_usable,
-        lost,
-        job_gpus,
-        most_waiting,
-    ):
+        self, now: float, job: JobView, mem: _JobMemory, sig: _Signals
+    ) -> tuple[Verdict, float | None, str | None, list[str]]:
+        spinning, spin_since, writing, interval = sig.spinning, sig.spin_since, sig.writing, sig.interval
+        live, expired, train, gpu_usable, lost = sig.live, sig.expired, sig.train, sig.gpu_usable, sig.lost
+        frozen_since, frozen_s, job_gpus, most_waiting = (
+            sig.frozen_since,
+            sig.frozen_s,
+            sig.job_gpus,
+            sig.most_waiting,
+        )
         cfg = self.config
         suspicion: tuple[float, list[str]] | None = None
         if not writing:
