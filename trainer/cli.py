@@ -1,8 +1,8 @@
 """``ft-trainer``: the trainer's command line.
 
 Subcommands register in :data:`COMMANDS` (name -> (adder, runner)); each runner imports what it needs
-when it runs, so ``ft-trainer gate`` never loads torch or DeepSpeed. ``train`` and ``scaling-report``
-(the training issue) plug in the same way: add ``_add_train`` / ``_run_train`` and one entry.
+when it runs, so ``ft-trainer gate`` never loads torch or DeepSpeed (``train`` and ``scaling-report``
+live in :mod:`trainer.train.command`, which imports torch only when training starts).
 
 Exit codes: 0 ok; 2 bad input, bad job file or a failed gate; 3 ``pretokenize`` stopped before the cache
 was complete (``--max-shards``); 130 interrupted (Ctrl-C; ``pretokenize`` resumes on rerun).
@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.train import command as train_command  # light: torch loads only when `train` runs
+
 if TYPE_CHECKING:
     from trainer.config import JobConfig
 
@@ -36,7 +38,8 @@ A job is one TOML file (reference: docs/trainer.md). The usual order:
   2. ft-trainer gate --config job.toml          pre-launch invariants in seconds, no torch
                                                 (exit 2 = do not launch)
   3. ft-trainer bench-data --config job.toml    can the data path feed the GPUs? (cache vs stream)
-  4. deepspeed --hostfile H ... ft-trainer train --config job.toml   (training issue)
+  4. deepspeed --hostfile H --no_local_rank --module trainer.cli train --config job.toml
+  5. ft-trainer scaling-report RUN_DIR...       strong-scaling table and PNG from several runs
 """
 
 
@@ -319,11 +322,13 @@ def _run_bench_data(args: argparse.Namespace) -> int:
 Adder = Callable[[argparse._SubParsersAction], argparse.ArgumentParser]
 Runner = Callable[[argparse.Namespace], int]
 
-# Order is the order of --help. The training issue adds ("train", ...) and ("scaling-report", ...).
+# Order is the order of --help.
 COMMANDS: list[tuple[str, Adder, Runner]] = [
     ("pretokenize", _add_pretokenize, _run_pretokenize),
     ("gate", _add_gate, _run_gate),
     ("bench-data", _add_bench_data, _run_bench_data),
+    ("train", train_command.add_train, train_command.run_train),
+    ("scaling-report", train_command.add_scaling_report, train_command.run_scaling_report),
 ]
 
 
