@@ -41,6 +41,12 @@ system-deps:
 run: $(BASE_STAMP)
 	$(VENV)/bin/gpu-watchdog demo-run --state-dir $(STATE_DIR) --port $(PORT)
 
+# The whole story on this machine in a couple of minutes: the gate refuses an imbalanced plan, the real
+# 2-rank DeepSpeed job deadlocks, the real daemon catches it, alerts a real Alertmanager and kills it.
+demo: $(FULL_STAMP)
+	@command -v prometheus-alertmanager >/dev/null || echo "(no prometheus-alertmanager: run 'make system-deps' as root for the alert part)"
+	$(PY) -m trainer.demo --out out/demo
+
 test: $(FULL_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
