@@ -36,7 +36,7 @@ $(FULL_STAMP): pyproject.toml $(BASE_STAMP)
 
 # Outside binaries the integration tests use (Debian packages); .ci/run calls this as root.
 system-deps:
-	./scripts/install-system-deps.sh
+	./.ci/install-system-deps.sh
 
 run: $(BASE_STAMP)
 	$(VENV)/bin/gpu-watchdog demo-run --state-dir $(STATE_DIR) --port $(PORT)

@@ -112,7 +112,7 @@ def test_syntax_error_and_missing_file(tmp_path: Path) -> None:
 
 
 def test_example_job_files_load() -> None:
-    examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
+    examples = sorted((Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.toml"))
     assert examples
     for path in examples:
         cfg = load_config(path)

@@ -203,7 +203,7 @@ def test_a_name_without_its_unit_is_refused() -> None:
 
 
 def test_promtool_finds_nothing_to_complain_about() -> None:
-    promtool = require_binary("promtool", "Debian package 'prometheus' (scripts/install-system-deps.sh)")
+    promtool = require_binary("promtool", "Debian package 'prometheus' (.ci/install-system-deps.sh)")
     text = scrape(full_snapshot(), process_metrics=True)
     result = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60, check=False
@@ -213,7 +213,7 @@ def test_promtool_finds_nothing_to_complain_about() -> None:
 
 def test_promtool_would_complain_about_a_bad_exposition() -> None:
     # The check above can fail: promtool does flag a counter without _total and a non-base unit.
-    promtool = require_binary("promtool", "Debian package 'prometheus' (scripts/install-system-deps.sh)")
+    promtool = require_binary("promtool", "Debian package 'prometheus' (.ci/install-system-deps.sh)")
     bad = "# HELP x_power_milliwatts p\n# TYPE x_power_milliwatts counter\nx_power_milliwatts 1\n"
     result = subprocess.run(
         [promtool, "check", "metrics"], input=bad, capture_output=True, text=True, timeout=60, check=False

@@ -5,8 +5,8 @@
 # Idempotent: packages already installed are skipped; `apt-get update` runs at most once per call and
 # only when something is missing. Runs as root, or through sudo when it is available.
 #
-#   scripts/install-system-deps.sh            # install what is missing
-#   scripts/install-system-deps.sh --check    # list what is missing, exit 1 if anything is
+#   .ci/install-system-deps.sh            # install what is missing
+#   .ci/install-system-deps.sh --check    # list what is missing, exit 1 if anything is
 set -euo pipefail
 
 # Debian package -> a binary it provides (checked with `command -v`, so a binary installed by other
