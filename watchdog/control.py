@@ -106,6 +106,7 @@ class SilenceBook:
         self._silences: dict[str, Silence] = {}
         self._max_silences = max_silences
         self._new_id = new_id or (lambda: str(uuid.uuid4()))
+        self._version = 0
 
     @staticmethod
     def validate(matchers: Mapping[str, str], duration_s: float, comment: str) -> None:
@@ -135,6 +136,7 @@ class SilenceBook:
                 raise ValueError(f"too many active silences (at most {self._max_silences})")
             silence = Silence(self._new_id(), dict(matchers), comment, now, now + duration_s)
             self._silences[silence.id] = silence
+            self._version += 1
             return silence
 
     def active(self, now: float) -> list[Silence]:
@@ -145,7 +147,40 @@ class SilenceBook:
 
     def delete(self, silence_id: str) -> bool:
         with self._lock:
-            return self._silences.pop(silence_id, None) is not None
+            gone = self._silences.pop(silence_id, None) is not None
+            self._version += gone
+            return gone
+
+    @property
+    def version(self) -> int:
+        """Grows with every add and delete: the loop persists the book when it changed."""
+        return self._version
+
+    def export(self) -> list[dict[str, Any]]:
+        """Every silence (expired ones included until pruned), for persistence."""
+        with self._lock:
+            return [s.to_dict() for s in self._silences.values()]
+
+    def restore(self, items: Sequence[Mapping[str, Any]], now: float) -> int:
+        """Load persisted silences (a daemon restart keeps them); expired or malformed ones are skipped.
+        Returns how many were restored."""
+        restored = 0
+        with self._lock:
+            for item in items:
+                try:
+                    silence = Silence(
+                        str(item["id"]),
+                        {str(k): str(v) for k, v in dict(item["matchers"]).items()},
+                        str(item.get("comment", "")),
+                        float(item["starts_at"]),
+                        float(item["ends_at"]),
+                    )
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if silence.ends_at > now and len(self._silences) < self._max_silences:
+                    self._silences[silence.id] = silence
+                    restored += 1
+        return restored
 
     def silenced_by(self, labels: Mapping[str, str], now: float) -> Silence | None:
         """The first active silence matching ``labels`` (e.g. ``{"node", "job", "verdict"}``), or None."""

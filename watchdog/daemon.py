@@ -103,6 +103,7 @@ class Daemon:
         self._last_sample_time: float | None = None
         self._sample_duration_s = 0.0
         self._process_view = None
+        self._silences_saved = 0
         self.cycle_no = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -131,10 +132,32 @@ class Daemon:
                 "config": self.config.origin,
             },
         )
+        self._restore_silences()
         if self.actions is None:
             self.actions = self._make_actions(state_dir)
         if self.serve_http:
             self._start_http()
+
+    SILENCES_KEY = "control.silences"
+
+    def _restore_silences(self) -> None:
+        """Silences survive a restart (an operator who silenced a known issue must not be paged again)."""
+        book = self.control.silences
+        if self.store is not None:
+            restored = book.restore(self.store.kv_get(self.SILENCES_KEY, []) or [], self.clock())
+            if restored:
+                self._event("daemon", {"event": "silences_restored", "count": restored})
+        self._silences_saved = book.version
+
+    def _persist_silences(self, now: float) -> None:
+        book = self.control.silences
+        if self.store is None or book.version == self._silences_saved:
+            return
+        try:
+            self.store.kv_set(self.SILENCES_KEY, book.export(), now)
+            self._silences_saved = book.version
+        except StoreError as e:  # a full disk: keep them in memory and try again next cycle
+            log.warning("could not persist silences: %s", e)
 
     def _make_actions(self, state_dir: Path):
         try:
@@ -282,6 +305,7 @@ class Daemon:
                 )
             except Exception:
                 log.exception("actions failed")
+        self._persist_silences(now)
         if self.store is not None:
             self.store.maybe_prune(now)
         self.stats.cycles += 1

@@ -325,3 +325,39 @@ def test_cluster_names_the_node_that_entered_the_spin_band_first(tmp_path: Path)
     finally:
         for p in procs:
             stop(p)
+
+
+def test_silences_survive_a_daemon_restart(tmp_path: Path):
+    from watchdog.telemetry.none import NoneSource
+
+    config = override(
+        load_config(None, {}),
+        {
+            "daemon.state_dir": str(tmp_path / "state"),
+            "progress.dir": str(tmp_path / "progress"),
+        },
+        origin="test",
+    )
+    first = Daemon(config, NoneSource(), serve_http=False)
+    first.start()
+    now = time.time()
+    kept = first.control.add_silence({"job": "qwen3-32b-ft"}, 3600, "known issue", now)
+    gone = first.control.add_silence({"job": "other"}, 3600, "deleted again", now)
+    first.cycle(now)
+    assert first.control.delete_silence(gone["id"])
+    first.cycle(now + 1)
+    first.close()
+
+    second = Daemon(config, NoneSource(), serve_http=False)
+    second.start()
+    try:
+        assert [s["id"] for s in second.control.list_silences(now + 2)] == [kept["id"]]
+        assert (
+            second.control.silences.silenced_by(
+                {"job": "qwen3-32b-ft", "verdict": "deadlock_suspected"}, now + 2
+            )
+            is not None
+        )
+        assert second.control.list_silences(now + 3601) == []  # expiry is kept too
+    finally:
+        second.close()
