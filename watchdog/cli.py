@@ -125,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tb.add_argument("--model", help="only this model")
     tb.add_argument("--json", action="store_true")
-    tb.add_argument("--plot", metavar="PNG", help="draw the bands of each table in the power x utilisation plane")
+    tb.add_argument(
+        "--plot", metavar="PNG", help="draw the bands of each table in the power x utilisation plane"
+    )
     tb.set_defaults(func=cmd_tables)
 
     c = sub.add_parser(

@@ -19,6 +19,14 @@ from watchdog.tables import PowerTable, resolve_table
 from watchdog.telemetry.types import GpuSample
 
 
+def _edge(table: PowerTable, state: GpuState, key: str, limit_w: float | None) -> float | None:
+    """A band edge in watts (None without a limit or for an open edge)."""
+    fraction = getattr(table.bands[state], key)
+    if not limit_w or not math.isfinite(fraction):
+        return None
+    return fraction * limit_w
+
+
 @dataclass(frozen=True, slots=True)
 class StateChange:
     gpu: int
@@ -107,6 +115,7 @@ class GpuTracker:
             s = t.last
             assert s is not None
             ok = s.error is None
+            limit = s.power_limit_w or t.table.power_limit_w
             out.append(
                 GpuStatus(
                     gpu=g,
@@ -114,7 +123,7 @@ class GpuTracker:
                     name=s.name,
                     model=t.table.model,
                     power_w=s.power_w if ok else None,
-                    power_limit_w=s.power_limit_w or t.table.power_limit_w,
+                    power_limit_w=limit,
                     utilization_ratio=s.utilization_ratio if ok else None,
                     memory_used_bytes=s.memory_used_bytes if ok else None,
                     state=t.classifier.state,
@@ -123,6 +132,8 @@ class GpuTracker:
                     temperature_c=s.temperature_c if ok else None,
                     sm_clock_mhz=s.sm_clock_mhz if ok else None,
                     read_errors_total=t.read_errors_total,
+                    compute_floor_w=_edge(t.table, GpuState.COMPUTE, "power_min", limit),
+                    spin_ceiling_w=_edge(t.table, GpuState.CHECKPOINT_OR_DEADLOCK, "power_max", limit),
                 )
             )
         return tuple(out)

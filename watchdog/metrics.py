@@ -42,6 +42,8 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_utilization_ratio": "gauge",
     "gpu_watchdog_memory_used_bytes": "gauge",
     "gpu_watchdog_temperature_celsius": "gauge",
+    "gpu_watchdog_compute_floor_watts": "gauge",
+    "gpu_watchdog_spin_ceiling_watts": "gauge",
     "gpu_watchdog_sm_clock_hertz": "gauge",
     "gpu_watchdog_state": "gauge",
     "gpu_watchdog_state_since_timestamp_seconds": "gauge",
@@ -123,6 +125,24 @@ def _gpu_metrics(gpus: tuple[GpuStatus, ...]) -> Iterator[Metric]:
         (
             _gauge(PREFIX + "temperature_celsius", "GPU temperature.", GPU_LABELS, "celsius"),
             "temperature_c",
+        ),
+        (
+            _gauge(
+                PREFIX + "compute_floor_watts",
+                "The power table's compute floor for this GPU (band edge; follows the limit).",
+                GPU_LABELS,
+                "watts",
+            ),
+            "compute_floor_w",
+        ),
+        (
+            _gauge(
+                PREFIX + "spin_ceiling_watts",
+                "The power table's checkpoint_or_deadlock (spin band) ceiling for this GPU.",
+                GPU_LABELS,
+                "watts",
+            ),
+            "spin_ceiling_w",
         ),
         (
             _gauge(

@@ -29,6 +29,10 @@ class GpuStatus:
     temperature_c: float | None = None
     sm_clock_mhz: float | None = None
     read_errors_total: int = 0
+    compute_floor_w: float | None = None
+    """The table's compute floor for this GPU in watts (its band edges follow the enforced limit)."""
+    spin_ceiling_w: float | None = None
+    """The table's checkpoint_or_deadlock power ceiling in watts."""
 
 
 @dataclass(frozen=True, slots=True)

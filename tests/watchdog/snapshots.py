@@ -37,6 +37,8 @@ def gpu_status(
         temperature_c=61.0,
         sm_clock_mhz=1965.0,
         read_errors_total=read_errors_total,
+        compute_floor_w=0.40 * B300_LIMIT_W,
+        spin_ceiling_w=0.30 * B300_LIMIT_W,
     )
 
 
