@@ -30,40 +30,28 @@ cannot be inferred). Exit status: 0 clean, 1 a deadlock verdict, 2 bad input.
 """
 
 
-def _positive_seconds(text: str) -> float:
-    from watchdog.triage.deadlock_rule import MAX_DEADLOCK_AFTER_S
+def _positive(parse, what: str, upper: float | None = None):
+    """An argparse type: ``parse(text)`` must succeed and give 0 < value (<= ``upper``)."""
 
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < v <= MAX_DEADLOCK_AFTER_S:
-        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_DEADLOCK_AFTER_S:g}], got {text}")
-    return v
+    def check(text: str):
+        try:
+            v = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if v <= 0 or (upper is not None and v > upper):
+            bound = f"in (0, {upper:g}]" if upper is not None else "above 0"
+            raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text}")
+        return v
 
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return v
+    return check
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text}")
-    return v
+_positive_float = _positive(float, "a number")
+_positive_int = _positive(int, "a whole number")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from watchdog.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S
+    from watchdog.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, MAX_DEADLOCK_AFTER_S
 
     parser = argparse.ArgumentParser(
         prog="gpu-watchdog",
@@ -102,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--deadlock-after",
-        type=_positive_seconds,
+        type=_positive(float, "seconds", MAX_DEADLOCK_AFTER_S),
         default=DEFAULT_DEADLOCK_AFTER_S,
         metavar="SECONDS",
         help="every GPU in checkpoint_or_deadlock this long is a deadlock "

@@ -37,7 +37,7 @@ from watchdog.progress import ProgressReader
 from watchdog.publish import SnapshotHolder
 from watchdog.sdnotify import SdNotifier
 from watchdog.snapshot import JobStatus, Snapshot
-from watchdog.states import GpuState, Mode, Verdict
+from watchdog.states import Mode, Verdict
 from watchdog.telemetry.types import TelemetrySource
 
 log = logging.getLogger("gpu_watchdog")
@@ -160,11 +160,9 @@ class Daemon:
             log.warning("could not persist silences: %s", e)
 
     def _make_actions(self, state_dir: Path):
-        try:
-            from watchdog.actions.engine import ActionEngine
-        except ImportError:  # the actions package is optional until it lands
-            return None
-        if self.store is None:
+        from watchdog.actions.engine import ActionEngine
+
+        if self.store is None:  # the outbox and the kill budget live in the store
             return None
         return ActionEngine(
             actions=self.config.actions,
@@ -463,4 +461,4 @@ def install_signal_handlers(daemon: Daemon) -> None:
         signal.signal(signal.SIGHUP, lambda *_: daemon.request_reload())
 
 
-__all__ = ["CycleStats", "Daemon", "GpuState", "install_signal_handlers", "summary_line"]
+__all__ = ["CycleStats", "Daemon", "install_signal_handlers", "summary_line"]

@@ -215,7 +215,7 @@ class Detector:
             and now > r.lease_until + cfg.lease_grace_s
         ]
         train = [r for r in job.ranks if r.phase == "train" and r.step is not None]
-        frozen_since = self._frozen_since(job, mem, train)
+        frozen_since = self._frozen_since(train)
         frozen_s = now - frozen_since if frozen_since is not None else 0.0
         nvlink_frozen = self._nvlink_frozen_since(job_gpus, mem)
 
@@ -387,9 +387,7 @@ class Detector:
         return mem.onset if mem.verdict is verdict and mem.onset is not None else onset
 
     def _starvation_cause(self, job: JobView) -> str:
-        if any(r.status == "disk-sleep" for r in job.ranks) or any(
-            (r.read_bytes_delta or 0) > 0 and r.status == "disk-sleep" for r in job.ranks
-        ):
+        if any(r.status == "disk-sleep" for r in job.ranks):
             return "storage_wait"
         ratios = [r.cpu_ratio for r in job.ranks if r.cpu_ratio is not None]
         if ratios and max(ratios) >= self.config.cpu_contention_ratio:
@@ -420,7 +418,7 @@ class Detector:
         return sum(b for t, b in mem.writes if now - t <= self.config.write_window_s)
 
     @staticmethod
-    def _frozen_since(job: JobView, mem: _JobMemory, train: list[RankView]) -> float | None:
+    def _frozen_since(train: list[RankView]) -> float | None:
         """Since when no train-phase rank's step has advanced (the latest advance among them)."""
         times = [r.step_changed_at for r in train if r.step_changed_at is not None]
         if not times:

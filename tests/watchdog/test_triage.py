@@ -232,7 +232,9 @@ def test_calibrate_fits_a_usable_table_from_labelled_recordings(tmp_path, capsys
 def test_calibrate_rejects_labels_that_power_cannot_separate(tmp_path, capsys):
     traces = require_traces()
     labels = tmp_path / "wrong.labels.csv"
-    labels.write_text("start_s,end_s,label\n0,700,idle\n")  # the whole run, training included, 'idle'
+    # training (and the waits inside it) labelled half 'idle', half 'compute': the states overlap in power
+    labels.write_text("start_s,end_s,label\n150,300,idle\n300,650,compute\n")
+    out = tmp_path / "x.toml"
     code = main(
         [
             "calibrate",
@@ -247,11 +249,13 @@ def test_calibrate_rejects_labels_that_power_cannot_separate(tmp_path, capsys):
             "--labels",
             str(labels),
             "--out",
-            str(tmp_path / "x.toml"),
+            str(out),
             str(traces / "h100-8gpu-ckpt100.csv"),
         ]
     )
-    assert code in (0, 2)
+    assert code == 2
+    assert "power cannot separate them" in capsys.readouterr().err
+    assert not out.exists()  # nothing is written
     labels.write_text("start_s,end_s,label\n0,700,bogus\n")
     code = main(
         [

@@ -126,21 +126,6 @@ class GpuClassifier:
             return True
         return False
 
-    def carry(self) -> Carry | None:
-        """The equivalent :class:`Carry` (to continue in vectorised form)."""
-        if self._state is None:
-            return None
-        h = list(self._history)
-        return Carry(
-            self._state,
-            self._since_s or 0.0,
-            self._since_pos,
-            self._history_start_s,
-            np.array([x[0] for x in h], dtype=np.float64),
-            np.array([x[1] for x in h], dtype=np.int8),
-            np.array([x[2] for x in h], dtype=np.float64),
-        )
-
 
 def classify_series(
     table: PowerTable,
