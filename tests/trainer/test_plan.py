@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -114,15 +112,13 @@ def test_equalize_arithmetic() -> None:
         equalized_count(-1, 2)
 
 
-def test_billion_token_plan_for_16_ranks_is_fast() -> None:
-    """The gate's budget: 1.5 M documents (a billion tokens), 16 ranks, well under a second per epoch."""
+def test_billion_token_plan_for_16_ranks_is_balanced() -> None:
+    """1.5 M documents (a billion tokens) on 16 ranks: equalized and non-empty. Its speed is a budget,
+    measured by `make bench` (benchmarks/bench_gate.py: the whole gate process), not asserted here."""
     rng = np.random.default_rng(0)
     lens = np.clip(rng.lognormal(np.log(400), 1.0, 1_500_000), 8, 32768).astype(np.int64)
     assert 0.9e9 < lens.sum() < 1.1e9
     p = PackingParams(seq_len=4096, micro_batch=1, grad_accum=8, world_size=16, seed=1234, equalize=True)
-    build_epoch_plan(lens, p, 0)  # warm
-    t0 = time.perf_counter()
     plan = build_epoch_plan(lens, p, 1)
-    elapsed = time.perf_counter() - t0
     assert plan.balanced and plan.micro_batches[0] > 0
-    assert elapsed < 0.6, f"one epoch plan took {elapsed:.3f} s"
+    assert len(set(plan.micro_batches.tolist())) == 1

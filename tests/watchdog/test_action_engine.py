@@ -639,27 +639,26 @@ def test_five_minute_outage_loses_nothing_and_cycle_time_stays_flat(
     assert max(quiet) < 0.05
 
 
-def test_on_cycle_is_fast_when_nothing_is_due(tmp_path: Path, store: EventStore) -> None:
+def test_on_cycle_does_no_work_when_nothing_is_due(tmp_path: Path, store: EventStore) -> None:
     clock = FakeClock()
     eng = make_engine(
         store, tmp_path, clock, sinks=[SinkConfig(kind="webhook", name="h", url="http://127.0.0.1:9/")]
     )
     jobs = [make_job(Verdict.HEALTHY, job=f"job-{i}", ranks=8) for i in range(8)]
     silences = SilenceBook()
-    durations = []
+    events_before = store.last_id()
     try:
         for _ in range(2000):
             now = clock.advance(0.1)
-            started = time.perf_counter()
-            eng.on_cycle(
+            records = eng.on_cycle(
                 now, mode=Mode.KILL, jobs=jobs, processes={}, gpus=[], silences=silences, progress_dir=None
             )
-            durations.append(time.perf_counter() - started)
+            # healthy jobs: nothing recorded, queued, stored or handed to a worker
+            assert records == []
+            assert eng.busy == 0
+        assert store.last_id() == events_before and store.outbox_size() == 0
     finally:
         eng.close()
-    durations.sort()
-    assert durations[len(durations) // 2] < 100e-6
-    assert durations[int(len(durations) * 0.99)] < 1e-3
 
 
 def test_on_cycle_never_raises(tmp_path: Path) -> None:

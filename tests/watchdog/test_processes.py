@@ -302,15 +302,12 @@ def test_steady_state_is_cheap_and_caches_process_objects(spawn: Spawn, job: str
     inspector = ProcessInspector(discovery_interval_s=3600)
     assert len(inspector.inspect(T0).jobs[job]) == 16
     created = inspector.processes_created_total
-    started = time.perf_counter()
     for i in range(1, 21):
         view = inspector.inspect(T0 + i)
-    per_call_s = (time.perf_counter() - started) / 20
     assert [r.gpu for r in view.jobs[job]] == list(range(16))
     assert all(r.cpu_time_delta_s is not None for r in view.jobs[job])
     assert inspector.processes_created_total == created and inspector.discoveries_total == 1
-    print(f"inspect(16 ranks): {per_call_s * 1e3:.2f} ms per call")
-    assert per_call_s < 0.05  # ~1-3 ms here; generous for a loaded 2-core machine
+    # its CPU cost at 1 Hz is a budget measured by `make bench` (benchmarks/bench_daemon.py)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start an unprivileged inspector")

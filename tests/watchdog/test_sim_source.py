@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import math
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -386,13 +385,12 @@ def test_writer_is_reproducible_and_returns_ground_truth(tmp_path: Path) -> None
     assert a.rows == 15_000 * 8 and a.power_limit_w == LIMIT_W and a.model == "B300"
 
 
-def test_writer_is_fast(tmp_path: Path) -> None:
-    """~1 M rows in well under the seconds budget (the full benchmark lives in benchmarks/)."""
-    start = time.perf_counter()
-    info = write_nvsmi_csv(tmp_path / "big.csv", "reference-b300", duration_s=12_500.0)
-    elapsed = time.perf_counter() - start
+def test_writer_writes_a_million_rows(tmp_path: Path) -> None:
+    """1 M rows written in chunks come out complete (its speed is measured in benchmarks/, not here)."""
+    info = write_nvsmi_csv(tmp_path / "big.csv", "reference-b300", duration_s=12_500.0, chunk_rows=300_000)
     assert info.rows == 1_000_000
-    assert elapsed < 6.0, f"{elapsed:.1f} s for 1 M rows"
+    with open(tmp_path / "big.csv", "rb") as f:
+        assert sum(1 for _ in f) == 1_000_001  # header + rows
 
 
 def test_writer_rejects_other_sources(tmp_path: Path) -> None:
