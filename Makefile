@@ -23,7 +23,7 @@ $(VENV)/bin/python:
 
 # The daemon and triage only: what a GPU node needs (no torch).
 $(BASE_STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[daemon,dev]'
 	touch $@
 
 # Everything, including the trainer extra, in the order DeepSpeed needs.
@@ -31,7 +31,7 @@ $(FULL_STAMP): pyproject.toml $(BASE_STAMP)
 	$(PIP) install -q 'torch==$(TORCH_VERSION)'
 	$(PIP) install -q setuptools wheel
 	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation 'deepspeed>=0.14'
-	$(PIP) install -q -e '.[trainer,dev]'
+	$(PIP) install -q -e '.[daemon,trainer,dev]'
 	touch $@
 
 # Outside binaries the integration tests use (Debian packages); .ci/run calls this as root.
@@ -45,7 +45,7 @@ run: $(BASE_STAMP)
 # 2-rank DeepSpeed job deadlocks, the real daemon catches it, alerts a real Alertmanager and kills it.
 demo: $(FULL_STAMP)
 	@command -v prometheus-alertmanager >/dev/null || echo "(no prometheus-alertmanager: run 'make system-deps' as root for the alert part)"
-	$(PY) -m trainer.demo --out out/demo
+	$(PY) -m ft_trainer.demo --out out/demo
 
 test: $(FULL_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

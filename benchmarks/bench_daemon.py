@@ -33,9 +33,9 @@ RATE_PER_S = 200.0
 
 CHILD = r"""
 import sys, time
-from watchdog.config import load_config, override
-from watchdog.daemon import Daemon, install_signal_handlers
-from watchdog.telemetry.sim import SimSource
+from gpu_triage.config import load_config, override
+from gpu_triage.daemon import Daemon, install_signal_handlers
+from gpu_triage.telemetry.sim import SimSource
 port, state, progress, start = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 config = override(load_config(None, {}), {"daemon.listen": f"127.0.0.1:{port}", "daemon.state_dir": state,
                   "daemon.period_s": 0.1, "progress.dir": progress}, origin="bench")
@@ -83,7 +83,7 @@ def run(quick: bool = False) -> None:
             [
                 sys.executable,
                 "-m",
-                "trainer.simjob",
+                "ft_trainer.simjob",
                 "--progress-dir",
                 str(progress),
                 "--start-epoch",

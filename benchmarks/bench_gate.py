@@ -31,12 +31,12 @@ GATE_AIM_S = 1.0
 
 def _ft_trainer() -> list[str]:
     exe = Path(sys.executable).parent / "ft-trainer"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "trainer.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "ft_trainer.cli"]
 
 
 def build_big_cache(out: Path, total_tokens: int, shards: int = 16, seed: int = 0) -> dict:
     """Sparse token files + real document index + manifest (reused when the manifest is already there)."""
-    from trainer.cache import FORMAT, FORMAT_VERSION, MANIFEST, atomic_save_npy, atomic_write_json, file_entry
+    from ft_trainer.cache import FORMAT, FORMAT_VERSION, MANIFEST, atomic_save_npy, atomic_write_json, file_entry
 
     manifest_path = out / MANIFEST
     if manifest_path.exists():
@@ -157,10 +157,10 @@ def time_gate(job: Path, runs: int) -> tuple[list[float], dict]:
 
 
 def data_paths(root: Path, quick: bool) -> None:
-    from trainer.bench_data import bench_mode
-    from trainer.config import load_config
-    from trainer.synthetic import synthetic_texts, write_jsonl
-    from trainer.tokenization import train_byte_bpe
+    from ft_trainer.bench_data import bench_mode
+    from ft_trainer.config import load_config
+    from ft_trainer.synthetic import synthetic_texts, write_jsonl
+    from ft_trainer.tokenization import train_byte_bpe
 
     corpus = root / "corpus"
     n_docs = 4000 if quick else 20000

@@ -5,7 +5,7 @@ The recording (``nvidia-smi --query-gpu=timestamp,power.draw,utilization.gpu,mem
 once under benchmarks/data/ (git-ignored) and reused. Three numbers:
 
 * bytes only: reading the file in the reader's block size and doing nothing with it - the ceiling;
-* reader: :class:`watchdog.recordings.NvsmiCsvReader` turning it into float arrays (budget: at least
+* reader: :class:`gpu_triage.recordings.NvsmiCsvReader` turning it into float arrays (budget: at least
   3,000,000 rows/s on the 2-core development machine, so that triage as a whole reaches 1,000,000),
   as wall time (best of 3) and as rows per CPU second over all its threads - the latter barely moves
   when other jobs share the cores, the former can halve;
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.common import best_of, header, line
 from benchmarks.gen_recording import generate
-from watchdog.recordings.nvsmi_csv import DEFAULT_CHUNK_BYTES, NvsmiCsvReader
+from gpu_triage.recordings.nvsmi_csv import DEFAULT_CHUNK_BYTES, NvsmiCsvReader
 
 DATA = Path(__file__).resolve().parent / "data"
 ROWS = 3_000_000
@@ -34,7 +34,7 @@ MEMORY_BUDGET_MB = 200
 
 _PEAK_SCRIPT = """
 import sys
-from watchdog.recordings.nvsmi_csv import NvsmiCsvReader
+from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader
 
 def high_water_kb():
     # VmHWM belongs to this process's address space; ru_maxrss would carry the parent's peak over exec.

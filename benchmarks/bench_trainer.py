@@ -6,7 +6,7 @@ steps on that same engine:
 
 - **bare**: ``engine(input_ids, labels)``, ``engine.backward``, ``engine.step`` over micro-batches already
   in memory - nothing else;
-- **trainer**: :meth:`trainer.train.loop.Trainer.train_micro_batches` on the job's real packed stream -
+- **trainer**: :meth:`ft_trainer.train.loop.Trainer.train_micro_batches` on the job's real packed stream -
   the learning rate set before each step, the loss accumulated, the progress file (rate-limited, plus
   its history and flusher thread), a metrics line and its loss all-reduce after every step
   (``metrics.log_every_steps = 1``, the heaviest setting).
@@ -44,9 +44,9 @@ def worker(config: Path, pairs: int, steps: int, out: Path) -> int:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     logging.basicConfig(level=logging.WARNING)
-    from trainer.config import load_config
-    from trainer.train.loop import Trainer
-    from trainer.train.settings import train_settings
+    from ft_trainer.config import load_config
+    from ft_trainer.train.loop import Trainer
+    from ft_trainer.train.settings import train_settings
 
     cfg = load_config(config)
     trainer = Trainer(cfg, train_settings(cfg))
@@ -134,7 +134,7 @@ def worker(config: Path, pairs: int, steps: int, out: Path) -> int:
 
 
 def run(quick: bool = False) -> None:
-    from trainer.testing import launch_local, prepare_tiny_data, write_tiny_job
+    from ft_trainer.testing import launch_local, prepare_tiny_data, write_tiny_job
 
     pairs, steps = (7, 8) if quick else (25, 20)  # longer segments: less of a neighbour's burst per pair
     header(f"trainer step-time overhead vs a bare DeepSpeed loop (2 CPU ranks, tiny Qwen3, {pairs} pairs)")

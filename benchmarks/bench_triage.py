@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.bench_reader import DATA, read_bytes, recording
 from benchmarks.common import best_of, header, line
 from benchmarks.gen_recording import generate
-from watchdog.triage.engine import TriageOptions, triage_file
+from gpu_triage.triage.engine import TriageOptions, triage_file
 
 ROWS = 3_000_000
 QUICK_ROWS = 300_000
@@ -33,7 +33,7 @@ OPTS = TriageOptions(model="H100", gpus=8, power_limit_w=700.0)
 
 _PEAK_SCRIPT = """
 import sys
-from watchdog.triage.engine import TriageOptions, triage_file
+from gpu_triage.triage.engine import TriageOptions, triage_file
 r = triage_file(sys.argv[1], TriageOptions(model="H100", gpus=8, power_limit_w=700.0))
 with open("/proc/self/status") as status:
     peak_kb = next(int(row.split()[1]) for row in status if row.startswith("VmHWM:"))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from trainer.config import JobConfig
-from trainer.data import JobData
+from ft_trainer.config import JobConfig
+from ft_trainer.data import JobData
 
 __all__ = ["ModeResult", "bench_mode", "verdict"]
 

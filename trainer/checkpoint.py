@@ -16,7 +16,7 @@ rename leaves ``latest`` on the previous tag; the next start deletes tags withou
 Pruning keeps the newest ``keep_last`` complete tags and never the one ``latest`` names.
 
 **Leases** (:func:`save_lease_s`): a save announces ``factor x expected bytes / measured bytes-per-second
-+ slack``, clamped. The first save, with nothing measured, uses :func:`trainer.estimates.checkpoint_bytes`
++ slack``, clamped. The first save, with nothing measured, uses :func:`ft_trainer.estimates.checkpoint_bytes`
 and a configured conservative throughput; later ones the bytes and aggregate throughput of the previous
 save (all ranks' bytes over the slowest rank's seconds).
 
@@ -55,7 +55,7 @@ __all__ = [
     "write_latest",
 ]
 
-log = logging.getLogger("trainer.checkpoint")
+log = logging.getLogger("ft_trainer.checkpoint")
 
 LATEST_FILE = "latest"
 COMPLETE_FILE = "trainer_state.json"

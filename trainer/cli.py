@@ -2,7 +2,7 @@
 
 Subcommands register in :data:`COMMANDS` (name -> (adder, runner)); each runner imports what it needs
 when it runs, so ``ft-trainer gate`` never loads torch or DeepSpeed (``train`` and ``scaling-report``
-live in :mod:`trainer.train.command`, which imports torch only when training starts).
+live in :mod:`ft_trainer.train.command`, which imports torch only when training starts).
 
 Exit codes: 0 ok; 2 bad input, bad job file or a failed gate; 3 ``pretokenize`` stopped before the cache
 was complete (``--max-shards``); 130 interrupted (Ctrl-C; ``pretokenize`` resumes on rerun).
@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.train import command as train_command  # light: torch loads only when `train` runs
+from ft_trainer.train import command as train_command  # light: torch loads only when `train` runs
 
 if TYPE_CHECKING:
-    from trainer.config import JobConfig
+    from ft_trainer.config import JobConfig
 
 EXIT_OK = 0
 EXIT_BAD = 2
@@ -38,13 +38,13 @@ A job is one TOML file (reference: docs/trainer.md). The usual order:
   2. ft-trainer gate --config job.toml          pre-launch invariants in seconds, no torch
                                                 (exit 2 = do not launch)
   3. ft-trainer bench-data --config job.toml    can the data path feed the GPUs? (cache vs stream)
-  4. deepspeed --hostfile H --no_local_rank --module trainer.cli train --config job.toml
+  4. deepspeed --hostfile H --no_local_rank --module ft_trainer.cli train --config job.toml
   5. ft-trainer scaling-report RUN_DIR...       strong-scaling table and PNG from several runs
 """
 
 
 def _load(path: str) -> JobConfig | None:
-    from trainer.config import ConfigError, load_config
+    from ft_trainer.config import ConfigError, load_config
 
     try:
         return load_config(path)
@@ -105,8 +105,8 @@ def _add_pretokenize(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 
 def _run_pretokenize(args: argparse.Namespace) -> int:
-    from trainer.pretokenize import PretokenizeOptions, pretokenize
-    from trainer.sources import SourceError
+    from ft_trainer.pretokenize import PretokenizeOptions, pretokenize
+    from ft_trainer.sources import SourceError
 
     cfg = None
     if args.config:
@@ -210,8 +210,8 @@ def _add_gate(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _run_gate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    from trainer.config import ConfigError, load_config
-    from trainer.gate import config_error_report, dump_json, run_gate
+    from ft_trainer.config import ConfigError, load_config
+    from ft_trainer.gate import config_error_report, dump_json, run_gate
 
     try:
         cfg = load_config(args.config)
@@ -249,7 +249,7 @@ def _add_bench_data(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _run_bench_data(args: argparse.Namespace) -> int:
-    from trainer.bench_data import bench_mode, verdict
+    from ft_trainer.bench_data import bench_mode, verdict
 
     cfg = _load(args.config)
     if cfg is None:

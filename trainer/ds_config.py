@@ -3,7 +3,7 @@
 :func:`build_ds_config` maps the job onto DeepSpeed's JSON: ZeRO stage 3 with the ``[zero]`` offload
 choices and the ``[deepspeed]`` tuning keys, bf16 on GPU and fp32 on CPU, AdamW with ``[optim]``'s
 hyper-parameters, gradient clipping, the micro-batch and gradient-accumulation sizes. There is no
-DeepSpeed ``scheduler`` section: the learning rate comes from :mod:`trainer.train.schedule`, set by the
+DeepSpeed ``scheduler`` section: the learning rate comes from :mod:`ft_trainer.train.schedule`, set by the
 trainer before each optimizer step, so a resume restores it exactly.
 
 Experts can deep-merge a JSON file over the result (``deepspeed.override``); :func:`deep_merge` replaces
@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.config import ConfigError, JobConfig
-from trainer.train.settings import Settings
+from ft_trainer.config import ConfigError, JobConfig
+from ft_trainer.train.settings import Settings
 
 __all__ = ["bf16_enabled", "build_ds_config", "deep_merge", "load_override", "optimizer_impl"]
 

@@ -1,8 +1,8 @@
 """A simulated training job for demos and tests: real processes, real progress files, simulated GPUs.
 
-``python -m trainer.simjob`` starts one process per local rank. Each follows the same scripted scenario
+``python -m ft_trainer.simjob`` starts one process per local rank. Each follows the same scripted scenario
 as the daemon's ``sim`` telemetry source (``watchdog/scenarios/``; both anchored at ``--start-epoch``)
-and behaves as a real rank would: it writes its progress file through :mod:`trainer.progress` on every
+and behaves as a real rank would: it writes its progress file through :mod:`ft_trainer.progress` on every
 step and phase change, holds a lease during a checkpoint (rank 0 really writes to disk while it saves),
 and when the scenario hangs it simply stops reporting - as a rank stuck in a collective does. Ranks
 whose scenario phase is ``epoch_end`` announce it once with a short lease and then go silent too: the
@@ -23,14 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.progress import ProgressWriter
+from ft_trainer.progress import ProgressWriter
 
 CHECKPOINT_CHUNK_BYTES = 2 << 20
 EPOCH_END_LEASE_S = 30.0
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    from watchdog.telemetry.sim import Scenario
+    from gpu_triage.telemetry.sim import Scenario
 
     scenario = Scenario.load(args.scenario)
     rank = int(os.environ["RANK"])
@@ -85,7 +85,7 @@ def launch(args: argparse.Namespace) -> int:
         cmd = [
             sys.executable,
             "-m",
-            "trainer.simjob",
+            "ft_trainer.simjob",
             "--rank-process",
             "--scenario",
             args.scenario,
@@ -116,7 +116,7 @@ def launch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.simjob", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ft_trainer.simjob", description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", default="reference-b300")
     p.add_argument("--job", default="qwen3-32b-ft")
     p.add_argument("--progress-dir", required=True)

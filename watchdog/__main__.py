@@ -1,5 +1,5 @@
 import sys
 
-from watchdog.cli import main
+from gpu_triage.cli import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """The REST API (contract in DESIGN.md, "Interfaces"): a FastAPI app over the latest snapshot.
 
-Read endpoints render the latest published :class:`~watchdog.snapshot.Snapshot` and nothing else:
+Read endpoints render the latest published :class:`~gpu_triage.snapshot.Snapshot` and nothing else:
 they never call into the loop, take no lock the loop holds, and cache the rendered ``/status`` and
 ``/gpus`` bodies per snapshot (the loop publishes a new immutable snapshot each cycle, so a cached body
 is exact until the next one). Mutations go through a :class:`Control` whose methods must be cheap and
@@ -34,8 +34,8 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from watchdog import __version__
-from watchdog.control import (
+from gpu_triage import __version__
+from gpu_triage.control import (
     MAX_COMMENT_CHARS,
     MAX_SILENCE_S,
     Control,
@@ -43,10 +43,10 @@ from watchdog.control import (
     EventsReader,
     SilenceBook,
 )
-from watchdog.metrics import make_registry, render
-from watchdog.publish import SnapshotHolder
-from watchdog.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
-from watchdog.states import GpuState, Mode, Verdict
+from gpu_triage.metrics import make_registry, render
+from gpu_triage.publish import SnapshotHolder
+from gpu_triage.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
+from gpu_triage.states import GpuState, Mode, Verdict
 
 MAX_BODY_BYTES = 64 * 1024
 #: Health: the last cycle must be younger than this many periods, and never less than MIN_STALE_S.

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import tomli_w
 
-from watchdog.recordings.nvsmi_csv import RecordingError, read_recording
-from watchdog.states import GpuState
-from watchdog.tables import BAND_ORDER, PowerTable, TableError, parse_table, resolve_table
+from gpu_triage.recordings.nvsmi_csv import RecordingError, read_recording
+from gpu_triage.states import GpuState
+from gpu_triage.tables import BAND_ORDER, PowerTable, TableError, parse_table, resolve_table
 
 ALIASES = {
     "checkpoint_wait": GpuState.CHECKPOINT_OR_DEADLOCK,

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from watchdog import __version__, assert_ours
+from gpu_triage import __version__
 
 EXIT_OK, EXIT_DEADLOCK, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -51,7 +51,7 @@ _positive_int = _positive(int, "a whole number")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from watchdog.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, MAX_DEADLOCK_AFTER_S
+    from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, MAX_DEADLOCK_AFTER_S
 
     parser = argparse.ArgumentParser(
         prog="gpu-watchdog",
@@ -228,9 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_triage(args: argparse.Namespace) -> int:
-    from watchdog.recordings.nvsmi_csv import RecordingError
-    from watchdog.triage.engine import TriageInputError, TriageOptions
-    from watchdog.triage.report import render
+    from gpu_triage.recordings.nvsmi_csv import RecordingError
+    from gpu_triage.triage.engine import TriageInputError, TriageOptions
+    from gpu_triage.triage.report import render
 
     opts = TriageOptions(
         model=args.model,
@@ -256,7 +256,7 @@ def cmd_triage(args: argparse.Namespace) -> int:
         if args.plot:
             from pathlib import Path
 
-            from watchdog.triage.plot import plot
+            from gpu_triage.triage.plot import plot
 
             out = Path(args.plot)
             if len(args.files) > 1:
@@ -278,7 +278,7 @@ def cmd_triage(args: argparse.Namespace) -> int:
 def _triage_with_progress(path: str, opts, show: bool):
     import os
 
-    from watchdog.triage.engine import triage_file
+    from gpu_triage.triage.engine import triage_file
 
     size = os.path.getsize(path)
     if not show or size < (64 << 20) or not sys.stderr.isatty():
@@ -294,8 +294,8 @@ def _triage_with_progress(path: str, opts, show: bool):
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
-    from watchdog.tables import TableError, all_tables, builtin_table
-    from watchdog.tables.render import render_tables
+    from gpu_triage.tables import TableError, all_tables, builtin_table
+    from gpu_triage.tables.render import render_tables
 
     try:
         tables = [builtin_table(args.model)] if args.model else all_tables()
@@ -308,14 +308,14 @@ def cmd_tables(args: argparse.Namespace) -> int:
     else:
         print(render_tables(tables))
     if args.plot:
-        from watchdog.tables.figure import plot_tables
+        from gpu_triage.tables.figure import plot_tables
 
         print(f"plot: {plot_tables(tables, args.plot)}", file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from watchdog.calibrate import CalibrationError, calibrate_files
+    from gpu_triage.calibrate import CalibrationError, calibrate_files
 
     try:
         text, summary = calibrate_files(
@@ -339,31 +339,30 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from watchdog.run_cmd import run_daemon
+    from gpu_triage.run_cmd import run_daemon
 
     return run_daemon(args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from watchdog.status_cmd import run
+    from gpu_triage.status_cmd import run
 
     return run(args.url, as_json=args.json, timeout_s=args.timeout)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from watchdog.cluster import run
+    from gpu_triage.cluster import run
 
     return run(args.urls, as_json=args.json, timeout_s=args.timeout)
 
 
 def cmd_demo_run(args: argparse.Namespace) -> int:
-    from watchdog.demo_run import main as demo_main
+    from gpu_triage.demo_run import main as demo_main
 
     return demo_main(state_dir=args.state_dir, port=args.port, sim_skip_s=args.sim_skip)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    assert_ours()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

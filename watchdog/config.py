@@ -38,7 +38,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from watchdog.states import GpuState, Mode
+from gpu_triage.states import GpuState, Mode
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpu-watchdog/config.toml")
 ENV_PREFIX = "GPU_WATCHDOG_"
@@ -297,7 +297,7 @@ class ClassifierConfig:
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    """Mirrors :class:`watchdog.detector.DetectorConfig` field for field (see its docstring for the
+    """Mirrors :class:`gpu_triage.detector.DetectorConfig` field for field (see its docstring for the
     paths to each verdict); the daemon builds the detector's config from this one."""
 
     fast_min_s: float = field(

@@ -3,7 +3,7 @@
 REST handlers run on uvicorn's thread; the loop owns all state. :class:`QueuedControl` bridges the two
 without a shared lock on the hot path: ``arm``/``disarm`` enqueue a :class:`ModeCommand` that the loop
 applies at its next cycle (:meth:`QueuedControl.drain`), and silences live in a thread-safe, pure
-:class:`SilenceBook` (time passed in). The Protocols here are what ``watchdog.api`` needs from the
+:class:`SilenceBook` (time passed in). The Protocols here are what ``gpu_triage.api`` needs from the
 daemon, so the API can be tested against any implementation.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from watchdog.states import Mode, Verdict
+from gpu_triage.states import Mode, Verdict
 
 #: The longest silence accepted (30 days) and the longest comment.
 MAX_SILENCE_S = 30 * 24 * 3600.0
@@ -37,7 +37,7 @@ class SupportsToDict(Protocol):
 class EventsReader(Protocol):
     """The event store, read side: events with ``id > after_id``, oldest first, at most ``limit``.
     Each event is a JSON-able dict with an integer ``id``, or an object with ``to_dict()`` giving one
-    (``watchdog.eventstore.Event``). Called from an HTTP worker thread; may raise RuntimeError (the
+    (``gpu_triage.eventstore.Event``). Called from an HTTP worker thread; may raise RuntimeError (the
     store's StoreError) when the file cannot be read, answered 503."""
 
     def since(self, after_id: int, limit: int) -> Sequence[Mapping[str, Any]] | Sequence[SupportsToDict]: ...

@@ -24,21 +24,21 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from watchdog import __version__
-from watchdog.config import Config, load_config, load_token
-from watchdog.control import QueuedControl
-from watchdog.detector import Detector, GpuView
-from watchdog.detector import DetectorConfig as DetectorSettings
-from watchdog.eventstore import EventStore, StoreError
-from watchdog.fusion import job_views
-from watchdog.gpu_tracker import GpuTracker
-from watchdog.processes import ProcessInspector
-from watchdog.progress import ProgressReader
-from watchdog.publish import SnapshotHolder
-from watchdog.sdnotify import SdNotifier
-from watchdog.snapshot import JobStatus, Snapshot
-from watchdog.states import Mode, Verdict
-from watchdog.telemetry.types import TelemetrySource
+from gpu_triage import __version__
+from gpu_triage.config import Config, load_config, load_token
+from gpu_triage.control import QueuedControl
+from gpu_triage.detector import Detector, GpuView
+from gpu_triage.detector import DetectorConfig as DetectorSettings
+from gpu_triage.eventstore import EventStore, StoreError
+from gpu_triage.fusion import job_views
+from gpu_triage.gpu_tracker import GpuTracker
+from gpu_triage.processes import ProcessInspector
+from gpu_triage.progress import ProgressReader
+from gpu_triage.publish import SnapshotHolder
+from gpu_triage.sdnotify import SdNotifier
+from gpu_triage.snapshot import JobStatus, Snapshot
+from gpu_triage.states import Mode, Verdict
+from gpu_triage.telemetry.types import TelemetrySource
 
 log = logging.getLogger("gpu_watchdog")
 
@@ -160,7 +160,7 @@ class Daemon:
             log.warning("could not persist silences: %s", e)
 
     def _make_actions(self, state_dir: Path):
-        from watchdog.actions.engine import ActionEngine
+        from gpu_triage.actions.engine import ActionEngine
 
         if self.store is None:  # the outbox and the kill budget live in the store
             return None
@@ -174,8 +174,8 @@ class Daemon:
         )
 
     def _start_http(self) -> None:
-        from watchdog.api import create_app
-        from watchdog.httpserver import HttpServer
+        from gpu_triage.api import create_app
+        from gpu_triage.httpserver import HttpServer
 
         host, _, port = self.config.daemon.listen.rpartition(":")
         token = load_token(self.config)

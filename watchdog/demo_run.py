@@ -28,8 +28,8 @@ gpu-watchdog {mode_line}
 
 def main(*, state_dir: str, port: int, sim_skip_s: float = 0.0) -> int:
     """``sim_skip_s`` starts the scenario that far into its timeline (tests: reach the deadlock sooner)."""
-    from watchdog.run_cmd import run_daemon
-    from watchdog.telemetry.nvml import nvml_available
+    from gpu_triage.run_cmd import run_daemon
+    from gpu_triage.telemetry.nvml import nvml_available
 
     state = Path(state_dir).resolve()
     progress = state / "progress"
@@ -62,7 +62,7 @@ def main(*, state_dir: str, port: int, sim_skip_s: float = 0.0) -> int:
             [
                 sys.executable,
                 "-m",
-                "trainer.simjob",
+                "ft_trainer.simjob",
                 "--progress-dir",
                 str(progress),
                 "--scratch-dir",

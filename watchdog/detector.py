@@ -4,7 +4,7 @@ Each cycle the loop hands the detector what it saw - per-GPU states from the cla
 process facts from the inspector and progress from the trainer's files - as plain values
 (:class:`GpuView`, :class:`RankView`, :class:`JobView`). The detector keeps a little memory per job
 (typical step interval, when writes were last seen, when NVLink traffic last moved, the verdict in
-force) and returns a :class:`~watchdog.snapshot.JobStatus` per job.
+force) and returns a :class:`~gpu_triage.snapshot.JobStatus` per job.
 
 Signals and what they can say (DESIGN "Evidence to fuse"):
 
@@ -44,8 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.snapshot import JobStatus, RankStatus
-from watchdog.states import GpuState, Verdict
+from gpu_triage.snapshot import JobStatus, RankStatus
+from gpu_triage.states import GpuState, Verdict
 
 LEASED_PHASES = frozenset({"checkpoint", "eval", "epoch_end", "init"})
 ANNOUNCE_DEADLOCK_PHASES = frozenset({"checkpoint", "epoch_end"})

@@ -1,5 +1,5 @@
 """Join what the progress files and the process inspector say about each job into the detector's
-:class:`~watchdog.detector.JobView` (pure).
+:class:`~gpu_triage.detector.JobView` (pure).
 
 Jobs are keyed by name: the progress files' ``job``; the inspector already names a process group after
 the progress file that lists one of its pids, and otherwise after the launcher / environment. Ranks
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from watchdog.detector import JobView, RankView
-from watchdog.processes import RankProcess
-from watchdog.progress import JobProgress, RankProgress, StaleReason
+from gpu_triage.detector import JobView, RankView
+from gpu_triage.processes import RankProcess
+from gpu_triage.progress import JobProgress, RankProgress, StaleReason
 
 
 def _rank_view(rank: int, prog: RankProgress | None, proc: RankProcess | None, fresh_io: bool) -> RankView:

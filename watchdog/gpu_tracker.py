@@ -1,8 +1,8 @@
 """Per-GPU classification in the daemon: the right table for each GPU, its classifier, its counters.
 
 Pure apart from the samples handed in: a :class:`GpuTracker` turns one cycle's
-:class:`~watchdog.telemetry.types.GpuSample` list into state changes and the
-:class:`~watchdog.snapshot.GpuStatus` rows of the snapshot.
+:class:`~gpu_triage.telemetry.types.GpuSample` list into state changes and the
+:class:`~gpu_triage.snapshot.GpuStatus` rows of the snapshot.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from watchdog.classify.hysteresis import GpuClassifier
-from watchdog.snapshot import GpuStatus
-from watchdog.states import GpuState
-from watchdog.tables import PowerTable, resolve_table
-from watchdog.telemetry.types import GpuSample
+from gpu_triage.classify.hysteresis import GpuClassifier
+from gpu_triage.snapshot import GpuStatus
+from gpu_triage.states import GpuState
+from gpu_triage.tables import PowerTable, resolve_table
+from gpu_triage.telemetry.types import GpuSample
 
 
 def _edge(table: PowerTable, state: GpuState, key: str, limit_w: float | None) -> float | None:

@@ -1,4 +1,4 @@
-"""Prometheus exposition of the latest :class:`~watchdog.snapshot.Snapshot`, rendered at scrape time.
+"""Prometheus exposition of the latest :class:`~gpu_triage.snapshot.Snapshot`, rendered at scrape time.
 
 The loop updates no metric objects: a custom collector reads the latest published snapshot when
 Prometheus scrapes and turns it into metric families. Names follow the Prometheus conventions
@@ -27,9 +27,9 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from watchdog.publish import SnapshotHolder
-from watchdog.snapshot import GpuStatus, Snapshot
-from watchdog.states import GPU_STATES, VERDICTS, Mode
+from gpu_triage.publish import SnapshotHolder
+from gpu_triage.snapshot import GpuStatus, Snapshot
+from gpu_triage.states import GPU_STATES, VERDICTS, Mode
 
 PREFIX = "gpu_watchdog_"
 GPU_LABELS = ("gpu", "uuid")

@@ -1,7 +1,7 @@
 """The latest-snapshot holder: the loop publishes, REST and metrics read.
 
 Publishing is an atomic reference swap: readers get either the previous or the new immutable
-:class:`~watchdog.snapshot.Snapshot`, never a half-built one, and never wait for the loop. A reader
+:class:`~gpu_triage.snapshot.Snapshot`, never a half-built one, and never wait for the loop. A reader
 holds no lock while it renders, so a slow HTTP client can never delay a cycle.
 
 :meth:`SnapshotHolder.wait_for_cycle` lets tests and tools block until a given cycle has been
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from watchdog.snapshot import Snapshot
+from gpu_triage.snapshot import Snapshot
 
 
 class SnapshotHolder:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from watchdog.config import ConfigError, load_config, override, resolve_config_path
+from gpu_triage.config import ConfigError, load_config, override, resolve_config_path
 
 log = logging.getLogger("gpu_watchdog")
 
@@ -32,10 +32,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run_daemon(args: argparse.Namespace) -> int:
-    from watchdog.daemon import Daemon, install_signal_handlers, summary_line
-    from watchdog.httpserver import PortInUseError
-    from watchdog.telemetry.factory import make_source
-    from watchdog.telemetry.types import TelemetryUnavailable
+    from gpu_triage.daemon import Daemon, install_signal_handlers, summary_line
+    from gpu_triage.httpserver import PortInUseError
+    from gpu_triage.telemetry.factory import make_source
+    from gpu_triage.telemetry.types import TelemetryUnavailable
 
     try:
         path = resolve_config_path(Path(args.config) if args.config else None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.states import GpuState, Mode, Verdict
+from gpu_triage.states import GpuState, Mode, Verdict
 
 
 @dataclass(frozen=True, slots=True)

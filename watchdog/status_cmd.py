@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from watchdog.cluster import (
+from gpu_triage.cluster import (
     DEADLOCK_VERDICTS,
     DEFAULT_TIMEOUT_S,
     EXIT_DEADLOCK,

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from tests.trainer.conftest import JobWriter, build_corpus, concat_rank_tokens, make_cache
-from trainer.cache import CacheError
-from trainer.config import load_config
-from trainer.data import JobData
-from trainer.synthetic import synthetic_texts, write_text_lines
+from ft_trainer.cache import CacheError
+from ft_trainer.config import load_config
+from ft_trainer.data import JobData
+from ft_trainer.synthetic import synthetic_texts, write_text_lines
 
 
 def test_cache_and_stream_modes_produce_identical_blocks(write_job: JobWriter) -> None:
@@ -108,7 +108,7 @@ def test_stream_mode_refuses_a_changed_corpus(
 def test_stream_mode_needs_the_index_tokenizer(
     tmp_path: Path, write_job: JobWriter, corpus: tuple[Path, list[str]]
 ) -> None:
-    from trainer.tokenization import train_byte_bpe
+    from ft_trainer.tokenization import train_byte_bpe
 
     other = train_byte_bpe(synthetic_texts(200, seed=4), tmp_path / "other", vocab_size=300)
     cfg = load_config(write_job(model={"tokenizer": str(other)}, data={"mode": "stream"}))

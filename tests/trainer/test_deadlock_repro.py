@@ -18,12 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainer.config import load_config
-from trainer.data import JobData
-from trainer.gate import run_gate
-from trainer.testing import TinyData, launch_local, prepare_tiny_data, write_tiny_job
-from trainer.throughput import read_metrics
-from watchdog.progress import parse_record
+from ft_trainer.config import load_config
+from ft_trainer.data import JobData
+from ft_trainer.gate import run_gate
+from ft_trainer.testing import TinyData, launch_local, prepare_tiny_data, write_tiny_job
+from ft_trainer.throughput import read_metrics
+from gpu_triage.progress import parse_record
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(420)]
 

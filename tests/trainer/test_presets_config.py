@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import JobWriter
-from trainer.config import ConfigError, load_config
-from trainer.presets import PRESETS, count_params, from_hf_config, get_preset
-from trainer.tokenization import load_tokenizer
+from ft_trainer.config import ConfigError, load_config
+from ft_trainer.presets import PRESETS, count_params, from_hf_config, get_preset
+from ft_trainer.tokenization import load_tokenizer
 
 
 def test_qwen3_32b_matches_public_config() -> None:

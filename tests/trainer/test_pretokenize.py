@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from tests.trainer.conftest import build_corpus, make_cache
-from trainer.cache import MANIFEST, CacheIndex, CacheTokens, load_manifest, npy_header
-from trainer.pretokenize import PretokenizeOptions, pretokenize, token_dtype
-from trainer.sources import SourceError
-from trainer.synthetic import synthetic_texts, write_jsonl
-from trainer.tokenization import load_tokenizer
+from ft_trainer.cache import MANIFEST, CacheIndex, CacheTokens, load_manifest, npy_header
+from ft_trainer.pretokenize import PretokenizeOptions, pretokenize, token_dtype
+from ft_trainer.sources import SourceError
+from ft_trainer.synthetic import synthetic_texts, write_jsonl
+from ft_trainer.tokenization import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,7 +126,7 @@ def test_interrupted_process_resumes(tmp_path: Path, tokenizer_dir: Path) -> Non
         return [
             sys.executable,
             "-m",
-            "trainer.cli",
+            "ft_trainer.cli",
             "pretokenize",
             str(corpus),
             "--tokenizer",
@@ -214,7 +214,7 @@ def test_bad_input_is_named_with_file_and_line(tmp_path: Path, tokenizer_dir: Pa
 
 
 def test_cli_pretokenize_from_job_file(tmp_path: Path, tokenizer_dir: Path) -> None:
-    from trainer.cli import main
+    from ft_trainer.cli import main
 
     corpus = tmp_path / "corpus"
     build_corpus(corpus, n_docs=60)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import JobWriter
-from trainer.checkpoint import (
+from ft_trainer.checkpoint import (
     COMPLETE_FILE,
     LATEST_FILE,
     CheckpointInfo,
@@ -30,14 +30,14 @@ from trainer.checkpoint import (
     tag_for_step,
     write_latest,
 )
-from trainer.config import ConfigError, load_config
-from trainer.ds_config import build_ds_config, deep_merge, load_override, optimizer_impl
-from trainer.estimates import checkpoint_bytes
-from trainer.model import check_weights_match_preset, resolve_init
-from trainer.presets import PRESETS
-from trainer.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, mfu, read_metrics
-from trainer.train.schedule import LrSchedule, lr_at, total_optimizer_steps
-from trainer.train.settings import train_settings
+from ft_trainer.config import ConfigError, load_config
+from ft_trainer.ds_config import build_ds_config, deep_merge, load_override, optimizer_impl
+from ft_trainer.estimates import checkpoint_bytes
+from ft_trainer.model import check_weights_match_preset, resolve_init
+from ft_trainer.presets import PRESETS
+from ft_trainer.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, mfu, read_metrics
+from ft_trainer.train.schedule import LrSchedule, lr_at, total_optimizer_steps
+from ft_trainer.train.settings import train_settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -325,7 +325,7 @@ def test_init_modes_and_preset_weights_check(write_job: JobWriter, tmp_path: Pat
 # -------------------------------------------------------------------------------------- command line
 def _ft_trainer(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "trainer.cli", *args],
+        [sys.executable, "-m", "ft_trainer.cli", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -358,4 +358,4 @@ def test_train_refuses_bad_jobs_and_launches_with_exit_2(write_job: JobWriter, t
     proc = _ft_trainer("train", "--config", str(job), env={"RANK": "3", "WORLD_SIZE": "2"})
     assert proc.returncode == 2 and "RANK 3, LOCAL_RANK 0, WORLD_SIZE 2: inconsistent" in proc.stderr
     helptext = _ft_trainer("train", "--help").stdout
-    assert "deepspeed --hostfile hostfile --no_local_rank --module trainer.cli train" in helptext
+    assert "deepspeed --hostfile hostfile --no_local_rank --module ft_trainer.cli train" in helptext

@@ -1,7 +1,7 @@
 """A fake ``pynvml`` module for GPU-less tests: the one place in this project where a fake is right.
 
 :class:`FakeNvml` has the slice of the official ``nvidia-ml-py`` API that
-:class:`watchdog.telemetry.nvml.NvmlSource` uses - same function names, same argument forms, same
+:class:`gpu_triage.telemetry.nvml.NvmlSource` uses - same function names, same argument forms, same
 units (milliwatts, millijoules, KiB, KB/s, bytes), same error classes and value codes, same
 field-value structs - and behaves like the library on the paths that matter:
 

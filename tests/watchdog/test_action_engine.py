@@ -18,14 +18,14 @@ from tests.watchdog.snapshots import T0, gpu_status
 from tests.watchdog.test_alerts import make_job
 from tests.watchdog.test_delivery import FakeClock, Receiver, free_port, receiver, secret_file, wait_until
 from tests.watchdog.test_kill import JOB_SCRIPT, Procs, alive, wait_dead
-from watchdog.actions.engine import ActionEngine
-from watchdog.actions.evidence import find_py_spy
-from watchdog.config import ActionsConfig, AlertsConfig, SinkConfig
-from watchdog.control import SilenceBook
-from watchdog.eventstore import EventStore
-from watchdog.processes import RankProcess
-from watchdog.snapshot import JobStatus
-from watchdog.states import GpuState, Mode, Verdict
+from gpu_triage.actions.engine import ActionEngine
+from gpu_triage.actions.evidence import find_py_spy
+from gpu_triage.config import ActionsConfig, AlertsConfig, SinkConfig
+from gpu_triage.control import SilenceBook
+from gpu_triage.eventstore import EventStore
+from gpu_triage.processes import RankProcess
+from gpu_triage.snapshot import JobStatus
+from gpu_triage.states import GpuState, Mode, Verdict
 
 JOB = "qwen3-32b-ft"
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.watchdog.snapshots import T0, gpu_status
-from watchdog.actions.alerts import (
+from gpu_triage.actions.alerts import (
     PAGERDUTY_DEDUP_MAX,
     PAGERDUTY_SUMMARY_MAX,
     Alert,
@@ -27,8 +27,8 @@ from watchdog.actions.alerts import (
     slack_payload,
     webhook_payload,
 )
-from watchdog.snapshot import JobStatus, RankStatus
-from watchdog.states import GpuState, Verdict
+from gpu_triage.snapshot import JobStatus, RankStatus
+from gpu_triage.states import GpuState, Verdict
 
 
 def make_job(

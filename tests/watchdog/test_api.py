@@ -16,11 +16,11 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 
 from tests.watchdog.snapshots import T0, snapshot
-from watchdog.api import GpuDoc, HealthDoc, StatusDoc, create_app
-from watchdog.control import ControlRefused, EventsReader, QueuedControl, SilenceBook
-from watchdog.publish import SnapshotHolder
-from watchdog.snapshot import Snapshot
-from watchdog.states import GpuState, Mode, Verdict
+from gpu_triage.api import GpuDoc, HealthDoc, StatusDoc, create_app
+from gpu_triage.control import ControlRefused, EventsReader, QueuedControl, SilenceBook
+from gpu_triage.publish import SnapshotHolder
+from gpu_triage.snapshot import Snapshot
+from gpu_triage.states import GpuState, Mode, Verdict
 
 TOKEN = "tok-3f9c2a7e51d04b8c9a6e"
 RIGHT = {"Authorization": f"Bearer {TOKEN}"}
@@ -312,7 +312,7 @@ def test_events_query_validation_is_422(params: dict[str, Any]) -> None:
 
 
 def test_events_from_the_real_event_store(tmp_path: Path) -> None:
-    from watchdog.eventstore import EventStore
+    from gpu_triage.eventstore import EventStore
 
     store = EventStore(tmp_path, T0)
     try:

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from watchdog.classify.bands import raw_state, raw_states
-from watchdog.classify.hysteresis import GpuClassifier, classify_series
-from watchdog.states import GPU_STATES, GpuState
-from watchdog.tables import builtin_table
+from gpu_triage.classify.bands import raw_state, raw_states
+from gpu_triage.classify.hysteresis import GpuClassifier, classify_series
+from gpu_triage.states import GPU_STATES, GpuState
+from gpu_triage.tables import builtin_table
 
 H100 = builtin_table("H100")
 NAN = math.nan

@@ -1,6 +1,6 @@
 """``gpu-watchdog cluster`` and ``status`` against real daemons' REST apps on loopback.
 
-Each "daemon" is the real app served by a real :class:`~watchdog.httpserver.HttpServer` over a
+Each "daemon" is the real app served by a real :class:`~gpu_triage.httpserver.HttpServer` over a
 snapshot of a node of a 2-node, 16-rank job; the commands run through the real CLI entry point.
 """
 
@@ -17,13 +17,13 @@ import pytest
 from fastapi import FastAPI
 
 from tests.watchdog.snapshots import gpu_status, rank_status
-from watchdog.api import create_app, status_document
-from watchdog.cli import main
-from watchdog.cluster import Fetched, analyse, base_url, render
-from watchdog.httpserver import HttpServer
-from watchdog.publish import SnapshotHolder
-from watchdog.snapshot import JobStatus, Snapshot
-from watchdog.states import GpuState, Mode, Verdict
+from gpu_triage.api import create_app, status_document
+from gpu_triage.cli import main
+from gpu_triage.cluster import Fetched, analyse, base_url, render
+from gpu_triage.httpserver import HttpServer
+from gpu_triage.publish import SnapshotHolder
+from gpu_triage.snapshot import JobStatus, Snapshot
+from gpu_triage.states import GpuState, Mode, Verdict
 
 JOB = "qwen3-32b-ft"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from watchdog.config import (
+from gpu_triage.config import (
     Config,
     ConfigError,
     load_config,
@@ -19,7 +19,7 @@ from watchdog.config import (
     parse_env_value,
     schema_keys,
 )
-from watchdog.states import Mode
+from gpu_triage.states import Mode
 
 EXAMPLE = REPO / "deploy" / "config.example.toml"
 

@@ -18,11 +18,11 @@ import pytest
 
 from tests.conftest import REPO, require_binary
 from tests.watchdog import fake_nvml
-from trainer.progress import ProgressWriter
-from watchdog.config import load_config, override
-from watchdog.daemon import Daemon
-from watchdog.states import GpuState, Verdict
-from watchdog.telemetry.nvml import NvmlSource
+from ft_trainer.progress import ProgressWriter
+from gpu_triage.config import load_config, override
+from gpu_triage.daemon import Daemon
+from gpu_triage.states import GpuState, Verdict
+from gpu_triage.telemetry.nvml import NvmlSource
 
 GPU_WATCHDOG = [sys.executable, "-m", "watchdog"]
 
@@ -125,8 +125,8 @@ def write_config(path: Path, state: Path, progress: Path, port: int, mode: str =
 
 @pytest.mark.slow
 def test_run_replays_a_recording_reloads_on_sighup_and_stops_on_sigterm(tmp_path: Path):
-    from watchdog.recordings.writer import write_nvsmi_csv
-    from watchdog.telemetry.sim import Scenario
+    from gpu_triage.recordings.writer import write_nvsmi_csv
+    from gpu_triage.telemetry.sim import Scenario
 
     rec = tmp_path / "hang.csv"
     write_nvsmi_csv(
@@ -266,11 +266,18 @@ def test_wedged_gpu_keeps_healthz_answering_and_raises_telemetry_lost(tmp_path: 
         daemon.close()
 
 
+def _gpu_states(url: str) -> set[str] | None:
+    """The GPU states a daemon reports, or None while it is not answering with a list yet (starting)."""
+    r = httpx.get(f"{url}/gpus", timeout=2)
+    body = r.json() if r.status_code == 200 else None
+    return {g["state"] for g in body} if isinstance(body, list) else None
+
+
 @pytest.mark.slow
 def test_cluster_names_the_node_that_entered_the_spin_band_first(tmp_path: Path):
     """Two real daemons replaying different recordings: node-b's GPUs hang 15 s after node-a's."""
-    from watchdog.recordings.writer import write_nvsmi_csv
-    from watchdog.telemetry.sim import Scenario
+    from gpu_triage.recordings.writer import write_nvsmi_csv
+    from gpu_triage.telemetry.sim import Scenario
 
     procs, urls = [], []
     try:
@@ -300,10 +307,7 @@ def test_cluster_names_the_node_that_entered_the_spin_band_first(tmp_path: Path)
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:
             wait_for(
-                lambda url=url: (
-                    {g["state"] for g in httpx.get(f"{url}/gpus", timeout=2).json()}
-                    == {"checkpoint_or_deadlock"}
-                ),
+                lambda url=url: _gpu_states(url) == {"checkpoint_or_deadlock"},
                 90,
                 f"{url} in the spin band",
             )
@@ -328,7 +332,7 @@ def test_cluster_names_the_node_that_entered_the_spin_band_first(tmp_path: Path)
 
 
 def test_silences_survive_a_daemon_restart(tmp_path: Path):
-    from watchdog.telemetry.none import NoneSource
+    from gpu_triage.telemetry.none import NoneSource
 
     config = override(
         load_config(None, {}),

@@ -20,9 +20,9 @@ from typing import ClassVar
 import pytest
 
 from tests.conftest import REPO
-from watchdog.config import SinkConfig, load_config, override
-from watchdog.daemon import Daemon
-from watchdog.telemetry.sim import SimSource
+from gpu_triage.config import SinkConfig, load_config, override
+from gpu_triage.daemon import Daemon
+from gpu_triage.telemetry.sim import SimSource
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -62,7 +62,7 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
         [
             sys.executable,
             "-m",
-            "trainer.simjob",
+            "ft_trainer.simjob",
             "--progress-dir",
             str(progress),
             "--start-epoch",

@@ -2,7 +2,7 @@
 
 The structural tests need nothing outside Python. The integration test starts Debian's ``prometheus``
 on a free loopback port with the shipped scrape job and rules (deploy/prometheus/, only the targets
-and intervals changed), scraping a real :class:`~watchdog.httpserver.HttpServer` that serves the real
+and intervals changed), scraping a real :class:`~gpu_triage.httpserver.HttpServer` that serves the real
 app over a realistic, live snapshot (8 GPUs, a 2-node job's 8 local ranks, one of them lagging, a
 deadlock_suspected verdict), then runs every panel target's and annotation's query through the HTTP
 API (``query_range`` for range targets, ``query`` for instant ones) and requires data from each.
@@ -28,12 +28,12 @@ import yaml
 
 from tests.conftest import REPO, require_binary
 from tests.watchdog.snapshots import gpu_status, rank_status
-from watchdog.api import create_app
-from watchdog.httpserver import HttpServer
-from watchdog.metrics import METRIC_NAMES
-from watchdog.publish import SnapshotHolder
-from watchdog.snapshot import JobStatus, Snapshot
-from watchdog.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
+from gpu_triage.api import create_app
+from gpu_triage.httpserver import HttpServer
+from gpu_triage.metrics import METRIC_NAMES
+from gpu_triage.publish import SnapshotHolder
+from gpu_triage.snapshot import JobStatus, Snapshot
+from gpu_triage.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
 
 DASHBOARD = REPO / "deploy" / "grafana" / "gpu-watchdog.json"
 PROMETHEUS_YML = REPO / "deploy" / "prometheus" / "prometheus.yml"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from watchdog.telemetry.deadline import DeadlineExceeded, DeadlineExecutor, Wedged
+from gpu_triage.telemetry.deadline import DeadlineExceeded, DeadlineExecutor, Wedged
 
 DEADLINE_S = 0.1
 SLACK_S = 0.15

@@ -28,10 +28,10 @@ import pytest
 from tests.conftest import require_binary
 from tests.watchdog.snapshots import T0
 from tests.watchdog.test_alerts import make_job
-from watchdog.actions.alerts import Alert, Condition, build_alert, resolve
-from watchdog.actions.delivery import Delivery, backoff_s
-from watchdog.config import AlertsConfig, SinkConfig
-from watchdog.eventstore import EventStore
+from gpu_triage.actions.alerts import Alert, Condition, build_alert, resolve
+from gpu_triage.actions.delivery import Delivery, backoff_s
+from gpu_triage.config import AlertsConfig, SinkConfig
+from gpu_triage.eventstore import EventStore
 
 # --------------------------------------------------------------------------------------------------
 # Helpers shared with test_action_engine.py

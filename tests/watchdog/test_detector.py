@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from watchdog.detector import Detector, DetectorConfig, GpuView, JobView, RankView
-from watchdog.states import GpuState, Verdict
+from gpu_triage.detector import Detector, DetectorConfig, GpuView, JobView, RankView
+from gpu_triage.states import GpuState, Verdict
 
 C, SPIN, IDLE, STARVE, UNK = (
     GpuState.COMPUTE,
@@ -262,7 +262,7 @@ def test_daemon_config_mirrors_the_detector_config():
     """[detector] in the TOML config is the detector's own config, key for key, default for default."""
     import dataclasses
 
-    from watchdog import config
+    from gpu_triage import config
 
     ours = {f.name: f.default for f in dataclasses.fields(DetectorConfig)}
     theirs = {f.name: f.default for f in dataclasses.fields(config.DetectorConfig)}

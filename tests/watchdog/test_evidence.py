@@ -21,7 +21,7 @@ from tests.conftest import require_binary
 from tests.watchdog.snapshots import T0
 from tests.watchdog.test_delivery import free_port
 from tests.watchdog.test_ras import RasServer
-from watchdog.actions.evidence import (
+from gpu_triage.actions.evidence import (
     CaptureRequest,
     EvidenceCapture,
     RankTarget,
@@ -30,7 +30,7 @@ from watchdog.actions.evidence import (
     prune_bundles,
     safe_name,
 )
-from watchdog.actions.kill import CommandResult, SubprocessRunner
+from gpu_triage.actions.kill import CommandResult, SubprocessRunner
 
 RANK_SCRIPT = r"""
 import json, os, sys, time

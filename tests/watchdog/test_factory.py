@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.telemetry import factory
-from watchdog.telemetry.factory import make_source
-from watchdog.telemetry.none import NoneSource
-from watchdog.telemetry.nvml import nvml_available
-from watchdog.telemetry.sim import Scenario, SimSource
-from watchdog.telemetry.types import TelemetrySource, TelemetryUnavailable
+from gpu_triage.telemetry import factory
+from gpu_triage.telemetry.factory import make_source
+from gpu_triage.telemetry.none import NoneSource
+from gpu_triage.telemetry.nvml import nvml_available
+from gpu_triage.telemetry.sim import Scenario, SimSource
+from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
 
 # This machine has the nvidia-ml-py binding but no NVIDIA driver; tests that depend on which
 # case holds say so and check the other branch where a driver answers.
@@ -55,7 +55,7 @@ def test_sim_with_a_missing_scenario_is_unavailable() -> None:
 def test_auto_without_nvml_is_none_with_a_warning_never_sim(caplog: pytest.LogCaptureFixture) -> None:
     if HAS_NVML:
         pytest.skip("an NVIDIA driver answers here: auto is nvml (covered below)")
-    with caplog.at_level(logging.WARNING, logger="watchdog.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="gpu_triage.telemetry"):
         source = make_source("auto")
     assert isinstance(source, NoneSource) and source.name == "none"
     assert source.reason
@@ -95,8 +95,8 @@ def test_replay_needs_an_existing_file(tmp_path: Path) -> None:
 
 
 def test_replay_of_a_written_recording(tmp_path: Path) -> None:
-    pytest.importorskip("watchdog.telemetry.replay")
-    from watchdog.recordings.writer import write_nvsmi_csv
+    pytest.importorskip("gpu_triage.telemetry.replay")
+    from gpu_triage.recordings.writer import write_nvsmi_csv
 
     info = write_nvsmi_csv(tmp_path / "rec.csv", "reference-b300", 2.0, with_index=True)
     source = make_source(f"replay:{info.path}")

@@ -13,10 +13,10 @@ import pytest
 from fastapi import FastAPI
 
 from tests.watchdog.snapshots import snapshot
-from watchdog.api import create_app
-from watchdog.control import QueuedControl
-from watchdog.httpserver import HttpServer, PortInUseError
-from watchdog.publish import SnapshotHolder
+from gpu_triage.api import create_app
+from gpu_triage.control import QueuedControl
+from gpu_triage.httpserver import HttpServer, PortInUseError
+from gpu_triage.publish import SnapshotHolder
 
 TOKEN = "tok-http-4e1b"
 

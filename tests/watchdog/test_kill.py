@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from watchdog.actions.kill import (
+from gpu_triage.actions.kill import (
     HookError,
     KillExecutor,
     KillPlan,

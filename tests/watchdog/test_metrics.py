@@ -13,10 +13,10 @@ from prometheus_client.samples import Sample
 
 from tests.conftest import require_binary
 from tests.watchdog.snapshots import T0, rank_status, snapshot
-from watchdog.metrics import METRIC_NAMES, _check_unit, make_registry, render
-from watchdog.publish import SnapshotHolder
-from watchdog.snapshot import Snapshot
-from watchdog.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
+from gpu_triage.metrics import METRIC_NAMES, _check_unit, make_registry, render
+from gpu_triage.publish import SnapshotHolder
+from gpu_triage.snapshot import Snapshot
+from gpu_triage.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
 
 
 def full_snapshot() -> Snapshot:

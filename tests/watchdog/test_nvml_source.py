@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.watchdog import fake_nvml
-from watchdog.telemetry.nvml import NvmlSource, nvml_available
-from watchdog.telemetry.types import GpuSample, TelemetrySource, TelemetryUnavailable
+from gpu_triage.telemetry.nvml import NvmlSource, nvml_available
+from gpu_triage.telemetry.types import GpuSample, TelemetrySource, TelemetryUnavailable
 
 DEADLINE_S = 0.2
 SLACK_S = 0.2

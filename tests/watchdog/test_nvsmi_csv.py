@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import require_traces
-from watchdog.recordings import (
+from gpu_triage.recordings import (
     Chunk,
     NvsmiCsvReader,
     RecordingError,
@@ -26,8 +26,8 @@ from watchdog.recordings import (
     gpu_model_name,
     read_recording,
 )
-from watchdog.recordings.gpu_count import period_from_gaps, period_from_values
-from watchdog.recordings.nvsmi_csv import VALUE_FIELDS
+from gpu_triage.recordings.gpu_count import period_from_gaps, period_from_values
+from gpu_triage.recordings.nvsmi_csv import VALUE_FIELDS
 
 MIB = float(1 << 20)
 HEADER = "timestamp, power.draw [W], utilization.gpu [%], memory.used [MiB]"
@@ -641,7 +641,7 @@ def test_hypothesis_timestamps_match_the_standard_library(
     """Vectorised timestamp parsing (uniform-width and gather paths) against calendar.timegm."""
     import pyarrow as pa
 
-    from watchdog.recordings.timestamps import parse_timestamps
+    from gpu_triage.recordings.timestamps import parse_timestamps
 
     texts, expected = [], []
     for i, moment in enumerate(moments):

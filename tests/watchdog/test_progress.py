@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from trainer.progress import FIELDS as WRITER_FIELDS
-from trainer.progress import PHASES as WRITER_PHASES
-from trainer.progress import ProgressWriter, progress_dir
-from watchdog.progress import (
+from ft_trainer.progress import FIELDS as WRITER_FIELDS
+from ft_trainer.progress import PHASES as WRITER_PHASES
+from ft_trainer.progress import ProgressWriter, progress_dir
+from gpu_triage.progress import (
     FIELDS,
     PHASES,
     LeaseState,
@@ -147,7 +147,7 @@ def test_unwritable_directory_logs_once_and_carries_on(
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the directory should be")
     w = ProgressWriter(JOB, 0, 0, 1, directory=blocker / "progress", clock=clock)
-    with caplog.at_level(logging.WARNING, logger="trainer.progress"):
+    with caplog.at_level(logging.WARNING, logger="ft_trainer.progress"):
         assert not w.phase("train")
         for step in range(5):
             clock.advance(1)

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, require_binary
-from watchdog.metrics import METRIC_NAMES
-from watchdog.states import Verdict
+from gpu_triage.metrics import METRIC_NAMES
+from gpu_triage.states import Verdict
 
 PROMETHEUS = REPO / "deploy" / "prometheus"
 CONFIG = PROMETHEUS / "prometheus.yml"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.watchdog.test_delivery import free_port
-from watchdog.actions.ras import query_status, summarize_json, summarize_text
+from gpu_triage.actions.ras import query_status, summarize_json, summarize_text
 
 TEXT_REPORT = """\
 NCCL version 2.26.2+cuda12.8 compiled with CUDA 12.8

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require_traces
-from watchdog.telemetry.replay import ReplaySource
-from watchdog.telemetry.types import TelemetrySource, TelemetryUnavailable
+from gpu_triage.telemetry.replay import ReplaySource
+from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
 
 MIB = float(1 << 20)
 

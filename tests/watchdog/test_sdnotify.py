@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, require_binary
-from watchdog.sdnotify import SdNotifier
+from gpu_triage.sdnotify import SdNotifier
 
 UNIT = REPO / "deploy" / "systemd" / "gpu-watchdog.service"
 

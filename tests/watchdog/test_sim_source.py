@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from watchdog.recordings.writer import RecordingInfo, write_nvsmi_csv
-from watchdog.scenarios import DEFAULT_SCENARIO, find, names
-from watchdog.telemetry.sim import GpuBehaviour, Phase, Scenario, ScenarioError, SimSource
-from watchdog.telemetry.types import TelemetrySource, TelemetryUnavailable
+from gpu_triage.recordings.writer import RecordingInfo, write_nvsmi_csv
+from gpu_triage.scenarios import DEFAULT_SCENARIO, find, names
+from gpu_triage.telemetry.sim import GpuBehaviour, Phase, Scenario, ScenarioError, SimSource
+from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
 
 LIMIT_W = 1100.0
 
@@ -394,7 +394,7 @@ def test_writer_writes_a_million_rows(tmp_path: Path) -> None:
 
 
 def test_writer_rejects_other_sources(tmp_path: Path) -> None:
-    from watchdog.telemetry.none import NoneSource
+    from gpu_triage.telemetry.none import NoneSource
 
     with pytest.raises(TypeError, match="SimSource"):
         write_nvsmi_csv(tmp_path / "x.csv", NoneSource(), 1.0)  # type: ignore[arg-type]
@@ -403,7 +403,7 @@ def test_writer_rejects_other_sources(tmp_path: Path) -> None:
 
 
 def test_writer_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from watchdog.recordings.writer import main
+    from gpu_triage.recordings.writer import main
 
     assert main([str(tmp_path / "cli.csv"), "--duration", "2", "--gpus", "2", "--nounits"]) == 0
     assert "wrote 40 rows" in capsys.readouterr().out
@@ -412,7 +412,7 @@ def test_writer_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 def test_recording_replays_through_the_replay_source(tmp_path: Path) -> None:
     """Round trip with the replay reader, once it exists: what we write is what people record."""
-    replay = pytest.importorskip("watchdog.telemetry.replay")
+    replay = pytest.importorskip("gpu_triage.telemetry.replay")
     info = write_nvsmi_csv(tmp_path / "rec.csv", "reference-b300", duration_s=3.0, with_index=True)
     source = replay.ReplaySource(info.path)
     try:
@@ -424,7 +424,7 @@ def test_recording_replays_through_the_replay_source(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kw", [{}, {"with_index": True}, {"units_in_cells": False}])
 def test_recording_round_trips_through_the_csv_reader(tmp_path: Path, kw: dict) -> None:
     """The project's nvidia-smi reader gets back the values the scenario rendered."""
-    reader = pytest.importorskip("watchdog.recordings.nvsmi_csv")
+    reader = pytest.importorskip("gpu_triage.recordings.nvsmi_csv")
     scenario = Scenario.load()
     info = write_nvsmi_csv(tmp_path / "rec.csv", scenario, duration_s=30.0, **kw)
     header, chunk = reader.read_recording(info.path, gpus=None if kw.get("with_index") else 8)

@@ -1,6 +1,6 @@
-"""``ft-trainer train``: DeepSpeed ZeRO-3 full fine-tuning (see :mod:`trainer.train.loop`).
+"""``ft-trainer train``: DeepSpeed ZeRO-3 full fine-tuning (see :mod:`ft_trainer.train.loop`).
 
-``python -m trainer.train --config job.toml`` is the same command as ``ft-trainer train`` and also
+``python -m ft_trainer.train --config job.toml`` is the same command as ``ft-trainer train`` and also
 accepts the ``--local_rank=N`` argument the ``deepspeed`` launcher appends (ranks read ``LOCAL_RANK``).
 Importing this package loads neither torch nor DeepSpeed.
 """
@@ -14,9 +14,9 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.train.command import run_train
+    from ft_trainer.train.command import run_train
 
-    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ft_trainer.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="job TOML")
     p.add_argument("--local_rank", "--local-rank", type=int, help="ignored (LOCAL_RANK is read)")
     p.add_argument("-v", "--verbose", action="store_true", help="INFO logs on every rank")

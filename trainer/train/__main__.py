@@ -1,7 +1,7 @@
-"""``python -m trainer.train --config job.toml`` (see :mod:`trainer.train`)."""
+"""``python -m ft_trainer.train --config job.toml`` (see :mod:`ft_trainer.train`)."""
 
 import sys
 
-from trainer.train import main
+from ft_trainer.train import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """``ft-trainer train`` and ``ft-trainer scaling-report``: argument parsers and runners for the COMMANDS
-table of :mod:`trainer.cli`. Nothing heavy is imported until a runner runs."""
+table of :mod:`ft_trainer.cli`. Nothing heavy is imported until a runner runs."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ EXIT_BAD = 2
 TRAIN_EPILOG = """\
 examples:
   # one node, 8 GPUs
-  torchrun --nproc-per-node 8 -m trainer.cli train --config job.toml
+  torchrun --nproc-per-node 8 -m ft_trainer.cli train --config job.toml
   # two nodes x 8 GPUs (hostfile: "node-a slots=8" per line); --no_local_rank: ranks read LOCAL_RANK
-  deepspeed --hostfile hostfile --no_local_rank --module trainer.cli train --config job.toml
+  deepspeed --hostfile hostfile --no_local_rank --module ft_trainer.cli train --config job.toml
   # CPU, 2 ranks (tests, demos): DS_ACCELERATOR=cpu, gloo
-  DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 -m trainer.cli train --config deploy/examples/tiny-cpu.toml
+  DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 -m ft_trainer.cli train --config deploy/examples/tiny-cpu.toml
 """
 
 
@@ -60,13 +60,13 @@ def _configure_logging(rank: int, verbose: bool) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Run one rank. Exit 0 done, 1 training failed, 2 bad job file or launch."""
-    from trainer.config import ConfigError, load_config
-    from trainer.train.loop import RankEnv, Trainer, TrainError
-    from trainer.train.settings import train_settings
+    from ft_trainer.config import ConfigError, load_config
+    from ft_trainer.train.loop import RankEnv, Trainer, TrainError
+    from ft_trainer.train.settings import train_settings
 
     rank = int(os.environ.get("RANK", "0"))
     _configure_logging(rank, bool(getattr(args, "verbose", False)))
-    log = logging.getLogger("trainer.train")
+    log = logging.getLogger("ft_trainer.train")
     try:
         cfg = load_config(args.config)
         settings = train_settings(cfg)
@@ -131,7 +131,7 @@ def add_scaling_report(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
 def run_scaling_report(args: argparse.Namespace) -> int:
     import json
 
-    from trainer.scaling import RunError, load_run, plot_scaling, render_table, scaling_rows
+    from ft_trainer.scaling import RunError, load_run, plot_scaling, render_table, scaling_rows
 
     try:
         runs = [load_run(r, skip_steps=args.skip_steps) for r in args.runs]

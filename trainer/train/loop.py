@@ -31,20 +31,20 @@ from typing import Any
 
 import numpy as np
 
-from trainer.checkpoint import FAULT_ENV, CheckpointManager, duration_lease_s, parse_fault, save_lease_s
-from trainer.config import JobConfig
-from trainer.data import JobData
-from trainer.ds_config import bf16_enabled, build_ds_config, load_override, optimizer_impl
-from trainer.estimates import checkpoint_bytes
-from trainer.plan import plan_fingerprint
-from trainer.progress import MIN_INTERVAL_S, ProgressWriter, progress_dir
-from trainer.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, measure_cpu_matmul_flops
-from trainer.train.schedule import LrSchedule, total_optimizer_steps
-from trainer.train.settings import Settings
+from ft_trainer.checkpoint import FAULT_ENV, CheckpointManager, duration_lease_s, parse_fault, save_lease_s
+from ft_trainer.config import JobConfig
+from ft_trainer.data import JobData
+from ft_trainer.ds_config import bf16_enabled, build_ds_config, load_override, optimizer_impl
+from ft_trainer.estimates import checkpoint_bytes
+from ft_trainer.plan import plan_fingerprint
+from ft_trainer.progress import MIN_INTERVAL_S, ProgressWriter, progress_dir
+from ft_trainer.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, measure_cpu_matmul_flops
+from ft_trainer.train.schedule import LrSchedule, total_optimizer_steps
+from ft_trainer.train.settings import Settings
 
 __all__ = ["RankEnv", "TrainError", "TrainResult", "Trainer", "resolve_device"]
 
-log = logging.getLogger("trainer.train")
+log = logging.getLogger("ft_trainer.train")
 STATE_FORMAT = 1
 
 
@@ -291,7 +291,7 @@ class Trainer:
             )
             self.metrics = MetricsLog(self.metrics_dir / "metrics.jsonl")
 
-        from trainer.model import build_model
+        from ft_trainer.model import build_model
 
         bf16 = bf16_enabled(s, self.device)
         built = build_model(cfg, s, ds_config, bf16=bf16)
@@ -362,7 +362,7 @@ class Trainer:
         crashed segment ran after its last checkpoint). Rank 0 only; 0 without a log."""
         if self.rank != 0:
             return 0.0
-        from trainer.throughput import read_metrics
+        from ft_trainer.throughput import read_metrics
 
         try:
             records = read_metrics(self.metrics_dir / "metrics.jsonl")
@@ -578,7 +578,7 @@ class Trainer:
     def micro_batch_count(self, epoch: int) -> int:
         """How many micro-batches this rank runs in ``epoch``: equalized (a collective) or, with equalize
         off, its own plan count rounded to whole steps."""
-        from trainer.equalize import equalize_epoch
+        from ft_trainer.equalize import equalize_epoch
 
         cfg = self.cfg
         plan = self.data.epoch_plan(epoch)

@@ -3,7 +3,7 @@
 
 :func:`load_config` keeps them raw in ``JobConfig.extra``; :func:`train_settings` validates them the same
 way (types, ranges, unknown keys with a "did you mean", relative paths against the job file) and raises
-:class:`~trainer.config.ConfigError` naming the file, the key, what was expected and what was found.
+:class:`~ft_trainer.config.ConfigError` naming the file, the key, what was expected and what was found.
 Every key and default is documented in ``docs/training.md``. Pure: no torch.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.config import ConfigError, JobConfig, _Section
+from ft_trainer.config import ConfigError, JobConfig, _Section
 
 __all__ = [
     "DeepSpeedSettings",
@@ -280,7 +280,7 @@ def train_settings(cfg: JobConfig) -> Settings:
             progress.max_lease_s,
         )
     if progress.job is not None:
-        from trainer.progress import check_job_name
+        from ft_trainer.progress import check_job_name
 
         try:
             check_job_name(progress.job)
@@ -298,7 +298,7 @@ def train_settings(cfg: JobConfig) -> Settings:
     )
     m.finish()
     if metrics.gpu_model is not None:
-        from trainer.throughput import PEAK_BF16_DENSE_FLOPS
+        from ft_trainer.throughput import PEAK_BF16_DENSE_FLOPS
 
         if metrics.gpu_model.upper() not in PEAK_BF16_DENSE_FLOPS:
             raise ConfigError(

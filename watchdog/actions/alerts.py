@@ -37,8 +37,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from watchdog.snapshot import GpuStatus, JobStatus
-from watchdog.states import Verdict
+from gpu_triage.snapshot import GpuStatus, JobStatus
+from gpu_triage.states import Verdict
 
 DEFAULT_RUNBOOK = "docs/operator-guide.md"
 SOURCE = "gpu-watchdog"

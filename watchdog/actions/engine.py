@@ -18,7 +18,7 @@ was seen in an earlier episode is a **deterministic hang**: the alert is the dis
 ``deterministic_hang`` page ("do not restart") and no signal is sent.
 
 Everything slow runs on worker threads: evidence capture (one thread), kills and the kill hook (one
-thread), alert delivery (one thread per sink, :mod:`watchdog.actions.delivery`). :meth:`on_cycle` only
+thread), alert delivery (one thread per sink, :mod:`gpu_triage.actions.delivery`). :meth:`on_cycle` only
 decides, queues and records; it does not raise (an internal error becomes an ``engine``/``error``
 record and a log line). Results of the workers come back as records in a later :meth:`on_cycle`.
 
@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from watchdog.actions import ras
-from watchdog.actions.alerts import (
+from gpu_triage.actions import ras
+from gpu_triage.actions.alerts import (
     Alert,
     Condition,
     build_alert,
@@ -57,8 +57,8 @@ from watchdog.actions.alerts import (
     resolve,
     rfc3339,
 )
-from watchdog.actions.delivery import Delivery
-from watchdog.actions.evidence import (
+from gpu_triage.actions.delivery import Delivery
+from gpu_triage.actions.evidence import (
     FLIGHT_RECORDER_WAIT_S,
     PY_SPY_PARALLEL,
     Bundle,
@@ -70,7 +70,7 @@ from watchdog.actions.evidence import (
     prune_bundles,
     reserve_bundle,
 )
-from watchdog.actions.kill import (
+from gpu_triage.actions.kill import (
     CommandRunner,
     HookError,
     KillExecutor,
@@ -81,12 +81,12 @@ from watchdog.actions.kill import (
     render_hook,
     slurm_job_id,
 )
-from watchdog.config import ActionsConfig, AlertsConfig
-from watchdog.control import SilenceBook
-from watchdog.eventstore import EventStore, StoreError
-from watchdog.processes import RankProcess
-from watchdog.snapshot import GpuStatus, JobStatus
-from watchdog.states import Mode, Verdict
+from gpu_triage.config import ActionsConfig, AlertsConfig
+from gpu_triage.control import SilenceBook
+from gpu_triage.eventstore import EventStore, StoreError
+from gpu_triage.processes import RankProcess
+from gpu_triage.snapshot import GpuStatus, JobStatus
+from gpu_triage.states import Mode, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ from typing import Any
 
 import psutil
 
-from watchdog.actions import ras
-from watchdog.actions.kill import CommandRunner, SubprocessRunner
+from gpu_triage.actions import ras
+from gpu_triage.actions.kill import CommandRunner, SubprocessRunner
 
 EVIDENCE_DIR = "evidence"
 MAX_COPY_BYTES = 64 * 1024 * 1024

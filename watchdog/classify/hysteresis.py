@@ -3,7 +3,7 @@
 The rule, for each sample of one GPU in time order:
 
 1. ``candidate`` = the current state if the sample lies in its (widened) exit box, else the sample's
-   raw band (:func:`watchdog.classify.bands.raw_state`). Exit boxes wider than enter boxes are the
+   raw band (:func:`gpu_triage.classify.bands.raw_state`). Exit boxes wider than enter boxes are the
    hysteresis: a GPU hovering on a boundary keeps its state.
 2. The candidates since the last change form the *history*. When the current sample's candidate ``C``
    differs from the state, the GPU takes ``C`` if the history covers at least ``C``'s dwell and ``C``
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from watchdog.classify.bands import CODE, UNKNOWN_CODE, raw_state, raw_states, stays_in, stays_mask
-from watchdog.states import GPU_STATES, GpuState
-from watchdog.tables import PowerTable
+from gpu_triage.classify.bands import CODE, UNKNOWN_CODE, raw_state, raw_states, stays_in, stays_mask
+from gpu_triage.states import GPU_STATES, GpuState
+from gpu_triage.tables import PowerTable
 
 _EMPTY_F = np.empty(0, dtype=np.float64)
 _EMPTY_I = np.empty(0, dtype=np.int8)

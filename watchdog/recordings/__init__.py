@@ -1,8 +1,8 @@
 """Recorded GPU telemetry: reading nvidia-smi CSV logs (``nvsmi_csv``), vectorised and chunked.
 
 pyarrow is imported only where recordings are read, never by the daemon's cycle, so this package
-exports the reader lazily: ``import watchdog.recordings.writer`` (which needs no pyarrow) does not
-pull pyarrow in, while ``from watchdog.recordings import NvsmiCsvReader`` works as usual.
+exports the reader lazily: ``import gpu_triage.recordings.writer`` (which needs no pyarrow) does not
+pull pyarrow in, while ``from gpu_triage.recordings import NvsmiCsvReader`` works as usual.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from watchdog.recordings.nvsmi_csv import (
+    from gpu_triage.recordings.nvsmi_csv import (
         Chunk,
         NvsmiCsvReader,
         RecordingError,
@@ -38,5 +38,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module("watchdog.recordings.nvsmi_csv"), name)
+        return getattr(importlib.import_module("gpu_triage.recordings.nvsmi_csv"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ What a recording looks like (see ``../shared/traces/README.md`` for real ones)::
 
 * one row per GPU per query, GPUs in board order; an ``index`` column may say which GPU a row is,
   otherwise the row's position in its snapshot does (``gpu = position % gpus``, see
-  :mod:`watchdog.recordings.gpu_count` for how ``gpus`` is found when nobody says);
+  :mod:`gpu_triage.recordings.gpu_count` for how ``gpus`` is found when nobody says);
 * units in the header (``[W]``), in the cells (``72.36 W``), both, or neither (``nounits``), mixed
   within one file; no header at all with ``noheader`` (then the caller passes ``columns=``);
 * ``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``, ``[GPU is lost]``, ``N/A`` and empty cells
@@ -21,7 +21,7 @@ What a recording looks like (see ``../shared/traces/README.md`` for real ones)::
 How it is fast: the file is read in blocks of about ``chunk_bytes`` cut at line boundaries, into one
 reused buffer; each block goes through ``pyarrow.csv`` with every column as a string (multi-threaded
 C++), then ``pyarrow.compute`` strips whitespace and the unit suffix and casts to float64, and
-:mod:`watchdog.recordings.timestamps` decodes timestamps with numpy - the columns on a small thread
+:mod:`gpu_triage.recordings.timestamps` decodes timestamps with numpy - the columns on a small thread
 pool, since both release the GIL. No Python code runs per row or per cell. Blank lines, which Arrow
 skips, are located with numpy from the newline positions. Only when something is wrong - Arrow
 refuses a line, a value does not parse, a lone carriage return - does a slow path look at the lines
@@ -49,8 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from watchdog.recordings import gpu_count
-from watchdog.recordings.timestamps import parse_timestamps
+from gpu_triage.recordings import gpu_count
+from gpu_triage.recordings.timestamps import parse_timestamps
 
 
 class RecordingError(ValueError):
@@ -294,7 +294,7 @@ class NvsmiCsvReader:
     """Chunked, vectorised reader of one nvidia-smi CSV recording.
 
     ``gpus``: the GPU count when the file has no ``index`` (else inferred; see
-    :mod:`watchdog.recordings.gpu_count`). ``columns``: the ``--query-gpu`` fields of a ``noheader``
+    :mod:`gpu_triage.recordings.gpu_count`). ``columns``: the ``--query-gpu`` fields of a ``noheader``
     file (``"power.draw"`` or ``"power.draw [W]"``). ``chunk_bytes``: the block size read at a time.
     ``interval_s``: seconds between snapshots when the file has no timestamp column.
 

@@ -6,20 +6,20 @@ prints a header, then one row per GPU in board order every ~100 ms::
     timestamp, power.draw [W], utilization.gpu [%], memory.used [MiB]
     2025/07/27 00:34:45.155, 72.36 W, 0 %, 131 MiB
 
-:func:`write_nvsmi_csv` writes exactly that form from a :class:`~watchdog.telemetry.sim.Scenario` (or
-a :class:`~watchdog.telemetry.sim.SimSource`, or a scenario name): units in the header always, in the
+:func:`write_nvsmi_csv` writes exactly that form from a :class:`~gpu_triage.telemetry.sim.Scenario` (or
+a :class:`~gpu_triage.telemetry.sim.SimSource`, or a scenario name): units in the header always, in the
 cells unless ``units_in_cells=False`` (``--format=csv,nounits``), and optionally the
 ``index, name, power.limit`` columns. Rows of one snapshot carry timestamps a millisecond or two apart,
 as nvidia-smi's do. Timestamps are wall-clock (UTC) from ``start_epoch_s``.
 
 It is vectorised end to end: the scenario renders all samples at once
-(:meth:`~watchdog.telemetry.sim.Scenario.render`), and the text is assembled as a byte matrix - each
+(:meth:`~gpu_triage.telemetry.sim.Scenario.render`), and the text is assembled as a byte matrix - each
 cell's digits computed with integer arithmetic, padding masked out - so a day of 16 GPUs at 10 Hz
 (~14 M rows) takes seconds, not minutes. Memory stays bounded by writing in chunks.
 
 Run as a script to write a recording::
 
-    python -m watchdog.recordings.writer out.csv --scenario reference-b300 --duration 600
+    python -m gpu_triage.recordings.writer out.csv --scenario reference-b300 --duration 600
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from watchdog.telemetry.sim import PhaseSpan, Scenario, SimSource
+from gpu_triage.telemetry.sim import PhaseSpan, Scenario, SimSource
 
 __all__ = ["DEFAULT_START_EPOCH_S", "RecordingInfo", "write_nvsmi_csv"]
 
@@ -255,7 +255,7 @@ def write_nvsmi_csv(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m watchdog.recordings.writer",
+        prog="python -m gpu_triage.recordings.writer",
         description="Write a simulated scenario as an nvidia-smi CSV recording.",
     )
     parser.add_argument("output", type=Path)

@@ -1,7 +1,7 @@
 """Built-in simulation scenarios: TOML data files next to this module.
 
 A scenario scripts N GPUs of one model through phases (training, a checkpoint save, a data stall, the
-epoch-end deadlock...). :class:`watchdog.telemetry.sim.Scenario` parses them; this module only knows
+epoch-end deadlock...). :class:`gpu_triage.telemetry.sim.Scenario` parses them; this module only knows
 where they live, so ``--source sim:reference-b300`` and ``--source sim:./my.toml`` both work.
 """
 

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from watchdog.states import GpuState
+from gpu_triage.states import GpuState
 
 #: Priority order: the first band whose enter box holds a sample wins.
 BAND_ORDER: tuple[GpuState, ...] = (
@@ -257,7 +257,7 @@ def parse_table(data: dict[str, Any], where: str) -> PowerTable:
 
 def _check_coverage(table: PowerTable, where: str) -> None:
     """Every (power, utilisation) point must fall in some band: otherwise a sample has no state."""
-    from watchdog.classify.bands import raw_state  # local: bands imports this module
+    from gpu_triage.classify.bands import raw_state  # local: bands imports this module
 
     for p in (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.2):
         for u in (0.0, 0.05, 0.1, 0.3, 0.5, 0.7, 0.89, 0.9, 0.95, 1.0):
@@ -282,7 +282,7 @@ def load_table_file(path: str | Path) -> PowerTable:
 def builtin_table(model: str) -> PowerTable:
     name = model.lower()
     try:
-        text = resources.files("watchdog.tables").joinpath(f"{name}.toml").read_text()
+        text = resources.files("gpu_triage.tables").joinpath(f"{name}.toml").read_text()
     except FileNotFoundError:
         raise TableError(
             f"no built-in table for model {model!r}; built-in: {', '.join((*BUILTIN_MODELS, GENERIC))}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from watchdog.states import GpuState
-from watchdog.tables import BAND_ORDER, PowerTable
+from gpu_triage.states import GpuState
+from gpu_triage.tables import BAND_ORDER, PowerTable
 
 COLOURS = {  # lighter than the triage plot's, so the hatching of estimates stays readable
     GpuState.IDLE: "#d0d0d0",

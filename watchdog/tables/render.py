@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from watchdog.tables import BAND_ORDER, PowerTable
+from gpu_triage.tables import BAND_ORDER, PowerTable
 
 
 def _rng(lo: float, hi: float, scale: float | None, unit: str, pct: bool = False) -> str:

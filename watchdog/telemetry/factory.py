@@ -22,16 +22,16 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from watchdog.telemetry.none import NoneSource
-from watchdog.telemetry.types import TelemetrySource, TelemetryUnavailable
+from gpu_triage.telemetry.none import NoneSource
+from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
 
 if TYPE_CHECKING:
-    from watchdog.telemetry.sim import Scenario
+    from gpu_triage.telemetry.sim import Scenario
 
 __all__ = ["SOURCE_FORMS", "make_source"]
 
 SOURCE_FORMS = ("nvml", "sim", "sim:NAME|PATH", "replay:FILE", "none", "auto")
-_LOG = logging.getLogger("watchdog.telemetry")
+_LOG = logging.getLogger("gpu_triage.telemetry")
 
 
 def _bad(spec: str, why: str) -> ValueError:
@@ -64,13 +64,13 @@ def make_source(
     if kind in ("nvml", "none", "auto") and sep:
         raise _bad(spec, f"'{kind}' takes no argument")
     if kind == "nvml":
-        from watchdog.telemetry.nvml import NvmlSource
+        from gpu_triage.telemetry.nvml import NvmlSource
 
         return NvmlSource(deadline_s=deadline_s)
     if kind == "none":
         return NoneSource()
     if kind == "auto":
-        from watchdog.telemetry.nvml import NvmlSource
+        from gpu_triage.telemetry.nvml import NvmlSource
 
         try:
             return NvmlSource(deadline_s=deadline_s)
@@ -82,8 +82,8 @@ def make_source(
             )
             return NoneSource(reason=str(exc))
     if kind == "sim":
-        from watchdog.scenarios import DEFAULT_SCENARIO
-        from watchdog.telemetry.sim import SimSource
+        from gpu_triage.scenarios import DEFAULT_SCENARIO
+        from gpu_triage.telemetry.sim import SimSource
 
         if sep and not arg:
             raise _bad(spec, "'sim:' needs a scenario name or a .toml path")
@@ -95,7 +95,7 @@ def make_source(
         path = Path(arg).expanduser()
         if not path.is_file():
             raise TelemetryUnavailable(f"replay file {path} does not exist")
-        from watchdog.telemetry.replay import ReplaySource
+        from gpu_triage.telemetry.replay import ReplaySource
 
         return ReplaySource(path)
     raise _bad(spec, f"unknown kind {kind!r}")

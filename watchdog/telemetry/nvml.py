@@ -2,10 +2,10 @@
 
 The binding's import name is ``pynvml`` (the older unofficial ``pynvml`` package shadows it; either
 works here as long as it exposes the functions below). Every call runs on a per-GPU worker thread
-under a hard deadline (:mod:`watchdog.telemetry.deadline`): a wedged GPU costs one deadline, then
+under a hard deadline (:mod:`gpu_triage.telemetry.deadline`): a wedged GPU costs one deadline, then
 fails fast while it backs off, and never stops the other GPUs being read.
 
-Units, as NVML gives them and as :class:`~watchdog.telemetry.types.GpuSample` wants them:
+Units, as NVML gives them and as :class:`~gpu_triage.telemetry.types.GpuSample` wants them:
 
 ===================================  ==========================  =====================================
 GpuSample field                      NVML call                   conversion
@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from watchdog.telemetry.deadline import DeadlineExceeded, DeadlineExecutor, KeyHealth, Wedged
-from watchdog.telemetry.types import GpuInfo, GpuSample, TelemetryUnavailable
+from gpu_triage.telemetry.deadline import DeadlineExceeded, DeadlineExecutor, KeyHealth, Wedged
+from gpu_triage.telemetry.types import GpuInfo, GpuSample, TelemetryUnavailable
 
 __all__ = ["NvmlSource", "nvml_available"]
 
@@ -391,7 +391,7 @@ class NvmlSource:
 def nvml_available(nvml: Any = None, deadline_s: float = 0.5) -> bool:
     """True when the binding imports and ``nvmlInit`` succeeds within ``deadline_s`` (then shuts down).
 
-    For deciding ``auto``; :func:`watchdog.telemetry.factory.make_source` itself just tries
+    For deciding ``auto``; :func:`gpu_triage.telemetry.factory.make_source` itself just tries
     :class:`NvmlSource` and falls back on :class:`TelemetryUnavailable`.
     """
     try:

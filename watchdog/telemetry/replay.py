@@ -1,6 +1,6 @@
 """``replay``: an nvidia-smi CSV recording played back as live telemetry (tests and demos).
 
-The recording is loaded once, through the chunked reader (:mod:`watchdog.recordings.nvsmi_csv`), and
+The recording is loaded once, through the chunked reader (:mod:`gpu_triage.recordings.nvsmi_csv`), and
 held in memory as per-GPU arrays. Time is mapped, not slept: the first :meth:`ReplaySource.sample`
 call anchors the recording's first timestamp (plus ``start_s``) to the caller's clock, and every later
 call at ``now_s`` answers with each GPU's latest recorded row at or before recording time
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from watchdog.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
-from watchdog.telemetry.types import GpuInfo, GpuSample, TelemetryUnavailable
+from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
+from gpu_triage.telemetry.types import GpuInfo, GpuSample, TelemetryUnavailable
 
 
 def _value(array: np.ndarray, row: int) -> float | None:
@@ -30,7 +30,7 @@ def _value(array: np.ndarray, row: int) -> float | None:
 
 
 class ReplaySource:
-    """A :class:`~watchdog.telemetry.types.TelemetrySource` reading a recorded nvidia-smi CSV."""
+    """A :class:`~gpu_triage.telemetry.types.TelemetrySource` reading a recorded nvidia-smi CSV."""
 
     name = "replay"
 

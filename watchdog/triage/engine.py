@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from watchdog.classify.bands import CODE
-from watchdog.classify.hysteresis import Carry, classify_series
-from watchdog.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
-from watchdog.states import GPU_STATES, GpuState
-from watchdog.tables import PowerTable, TableError, match_model, resolve_table
-from watchdog.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, find_deadlocks
+from gpu_triage.classify.bands import CODE
+from gpu_triage.classify.hysteresis import Carry, classify_series
+from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
+from gpu_triage.states import GPU_STATES, GpuState
+from gpu_triage.tables import PowerTable, TableError, match_model, resolve_table
+from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, find_deadlocks
 
 #: Points kept per GPU for the plot (evenly thinned).
 PLOT_POINTS_PER_GPU = 6000

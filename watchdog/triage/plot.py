@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from watchdog.states import GPU_STATES, GpuState
-from watchdog.triage.engine import TriageResult
+from gpu_triage.states import GPU_STATES, GpuState
+from gpu_triage.triage.engine import TriageResult
 
 COLOURS = {
     GpuState.IDLE: "#9e9e9e",

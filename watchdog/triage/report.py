@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from watchdog.states import GPU_STATES
-from watchdog.triage.engine import TriageResult
+from gpu_triage.states import GPU_STATES
+from gpu_triage.triage.engine import TriageResult
 
 _SHORT = {
     "idle": "idle",

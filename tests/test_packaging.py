@@ -1,0 +1,40 @@
+"""The distribution's package list maps every source folder, and the client side pulls no dependency.
+
+The folders ``watchdog/`` and ``trainer/`` install as ``gpu_triage`` and ``ft_trainer`` (PyPI owns the
+import names ``watchdog`` and ``trainer``); setuptools cannot discover remapped packages, so
+``pyproject.toml`` lists them and this test keeps the list whole.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_every_package_folder_is_listed() -> None:
+    tool = _pyproject()["tool"]["setuptools"]
+    mapping = tool["package-dir"]
+    expected = set()
+    for import_name, folder in mapping.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            expected.add(".".join((import_name, *rel.parts)))
+    assert set(tool["packages"]) == expected
+
+
+def test_no_folder_name_is_an_import_name() -> None:
+    mapping = _pyproject()["tool"]["setuptools"]["package-dir"]
+    assert "watchdog" not in mapping and "trainer" not in mapping
+    assert set(mapping.values()) == {"watchdog", "trainer"}
+
+
+def test_base_install_pulls_nothing() -> None:
+    project = _pyproject()["project"]
+    assert project["dependencies"] == []
+    assert "py-spy>=0.3.14" in project["optional-dependencies"]["daemon"]
