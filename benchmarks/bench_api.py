@@ -24,12 +24,12 @@ import time
 from dataclasses import replace
 
 from benchmarks.common import header, line
-from tests.watchdog.snapshots import snapshot
 from gpu_triage.api import create_app
 from gpu_triage.control import QueuedControl
 from gpu_triage.httpserver import HttpServer
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.states import Verdict
+from tests.watchdog.snapshots import snapshot
 
 RATE_PER_S = 200.0
 P99_BUDGET_MS = 20.0

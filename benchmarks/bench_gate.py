@@ -36,7 +36,14 @@ def _ft_trainer() -> list[str]:
 
 def build_big_cache(out: Path, total_tokens: int, shards: int = 16, seed: int = 0) -> dict:
     """Sparse token files + real document index + manifest (reused when the manifest is already there)."""
-    from ft_trainer.cache import FORMAT, FORMAT_VERSION, MANIFEST, atomic_save_npy, atomic_write_json, file_entry
+    from ft_trainer.cache import (
+        FORMAT,
+        FORMAT_VERSION,
+        MANIFEST,
+        atomic_save_npy,
+        atomic_write_json,
+        file_entry,
+    )
 
     manifest_path = out / MANIFEST
     if manifest_path.exists():

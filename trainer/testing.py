@@ -10,7 +10,8 @@ demo (the watchdog watching a real deadlock) share. Nothing is downloaded.
   ``DS_ACCELERATOR=cpu``) in one new process group, and returns a :class:`LocalRun` that can wait, read
   the logs and kill the whole group.
 
-``python -m ft_trainer.testing prepare DIR [--imbalanced]`` makes the data of ``deploy/examples/tiny-cpu.toml``.
+``python -m ft_trainer.testing prepare DIR [--imbalanced]`` makes the data of
+``deploy/examples/tiny-cpu.toml``.
 """
 
 from __future__ import annotations

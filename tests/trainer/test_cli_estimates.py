@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from tests.trainer.conftest import JobWriter
 from ft_trainer.cli import COMMANDS, build_parser, main
 from ft_trainer.cluster import HostfileError, check_cluster, parse_hostfile
 from ft_trainer.estimates import checkpoint_bytes, zero3_memory
 from ft_trainer.presets import PRESETS
+from tests.trainer.conftest import JobWriter
 
 
 def test_help_teaches_the_workflow(capsys: pytest.CaptureFixture[str]) -> None:

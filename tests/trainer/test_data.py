@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import JobWriter, build_corpus, concat_rank_tokens, make_cache
 from ft_trainer.cache import CacheError
 from ft_trainer.config import load_config
 from ft_trainer.data import JobData
 from ft_trainer.synthetic import synthetic_texts, write_text_lines
+from tests.trainer.conftest import JobWriter, build_corpus, concat_rank_tokens, make_cache
 
 
 def test_cache_and_stream_modes_produce_identical_blocks(write_job: JobWriter) -> None:

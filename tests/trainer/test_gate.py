@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import JobWriter, make_cache
 from ft_trainer.cli import main
 from ft_trainer.config import load_config
 from ft_trainer.data import JobData
@@ -21,6 +20,7 @@ from ft_trainer.estimates import checkpoint_bytes
 from ft_trainer.gate import run_gate
 from ft_trainer.presets import PRESETS
 from ft_trainer.synthetic import synthetic_texts, write_jsonl
+from tests.trainer.conftest import JobWriter, make_cache
 
 REPO = Path(__file__).resolve().parents[2]
 

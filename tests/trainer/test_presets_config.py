@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import JobWriter
 from ft_trainer.config import ConfigError, load_config
 from ft_trainer.presets import PRESETS, count_params, from_hf_config, get_preset
 from ft_trainer.tokenization import load_tokenizer
+from tests.trainer.conftest import JobWriter
 
 
 def test_qwen3_32b_matches_public_config() -> None:

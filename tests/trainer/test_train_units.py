@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import JobWriter
 from ft_trainer.checkpoint import (
     COMPLETE_FILE,
     LATEST_FILE,
@@ -38,6 +37,7 @@ from ft_trainer.presets import PRESETS
 from ft_trainer.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, mfu, read_metrics
 from ft_trainer.train.schedule import LrSchedule, lr_at, total_optimizer_steps
 from ft_trainer.train.settings import train_settings
+from tests.trainer.conftest import JobWriter
 
 REPO = Path(__file__).resolve().parents[2]
 

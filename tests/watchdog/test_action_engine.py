@@ -14,10 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.watchdog.snapshots import T0, gpu_status
-from tests.watchdog.test_alerts import make_job
-from tests.watchdog.test_delivery import FakeClock, Receiver, free_port, receiver, secret_file, wait_until
-from tests.watchdog.test_kill import JOB_SCRIPT, Procs, alive, wait_dead
 from gpu_triage.actions.engine import ActionEngine
 from gpu_triage.actions.evidence import find_py_spy
 from gpu_triage.config import ActionsConfig, AlertsConfig, SinkConfig
@@ -26,6 +22,10 @@ from gpu_triage.eventstore import EventStore
 from gpu_triage.processes import RankProcess
 from gpu_triage.snapshot import JobStatus
 from gpu_triage.states import GpuState, Mode, Verdict
+from tests.watchdog.snapshots import T0, gpu_status
+from tests.watchdog.test_alerts import make_job
+from tests.watchdog.test_delivery import FakeClock, Receiver, free_port, receiver, secret_file, wait_until
+from tests.watchdog.test_kill import JOB_SCRIPT, Procs, alive, wait_dead
 
 JOB = "qwen3-32b-ft"
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from tests.watchdog.snapshots import T0, gpu_status
 from gpu_triage.actions.alerts import (
     PAGERDUTY_DEDUP_MAX,
     PAGERDUTY_SUMMARY_MAX,
@@ -29,6 +28,7 @@ from gpu_triage.actions.alerts import (
 )
 from gpu_triage.snapshot import JobStatus, RankStatus
 from gpu_triage.states import GpuState, Verdict
+from tests.watchdog.snapshots import T0, gpu_status
 
 
 def make_job(

@@ -15,12 +15,12 @@ from fastapi.testclient import TestClient
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 
-from tests.watchdog.snapshots import T0, snapshot
 from gpu_triage.api import GpuDoc, HealthDoc, StatusDoc, create_app
 from gpu_triage.control import ControlRefused, EventsReader, QueuedControl, SilenceBook
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.snapshot import Snapshot
 from gpu_triage.states import GpuState, Mode, Verdict
+from tests.watchdog.snapshots import T0, snapshot
 
 TOKEN = "tok-3f9c2a7e51d04b8c9a6e"
 RIGHT = {"Authorization": f"Bearer {TOKEN}"}

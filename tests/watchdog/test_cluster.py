@@ -16,7 +16,6 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.watchdog.snapshots import gpu_status, rank_status
 from gpu_triage.api import create_app, status_document
 from gpu_triage.cli import main
 from gpu_triage.cluster import Fetched, analyse, base_url, render
@@ -24,6 +23,7 @@ from gpu_triage.httpserver import HttpServer
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.snapshot import JobStatus, Snapshot
 from gpu_triage.states import GpuState, Mode, Verdict
+from tests.watchdog.snapshots import gpu_status, rank_status
 
 JOB = "qwen3-32b-ft"
 

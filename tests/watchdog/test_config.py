@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
 from gpu_triage.config import (
     Config,
     ConfigError,
@@ -20,6 +19,7 @@ from gpu_triage.config import (
     schema_keys,
 )
 from gpu_triage.states import Mode
+from tests.conftest import REPO
 
 EXAMPLE = REPO / "deploy" / "config.example.toml"
 

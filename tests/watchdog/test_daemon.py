@@ -16,13 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, require_binary
-from tests.watchdog import fake_nvml
 from ft_trainer.progress import ProgressWriter
 from gpu_triage.config import load_config, override
 from gpu_triage.daemon import Daemon
 from gpu_triage.states import GpuState, Verdict
 from gpu_triage.telemetry.nvml import NvmlSource
+from tests.conftest import REPO, require_binary
+from tests.watchdog import fake_nvml
 
 GPU_WATCHDOG = [sys.executable, "-m", "watchdog"]
 

@@ -19,10 +19,10 @@ from typing import ClassVar
 
 import pytest
 
-from tests.conftest import REPO
 from gpu_triage.config import SinkConfig, load_config, override
 from gpu_triage.daemon import Daemon
 from gpu_triage.telemetry.sim import SimSource
+from tests.conftest import REPO
 
 
 class Receiver(BaseHTTPRequestHandler):

@@ -26,14 +26,14 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import REPO, require_binary
-from tests.watchdog.snapshots import gpu_status, rank_status
 from gpu_triage.api import create_app
 from gpu_triage.httpserver import HttpServer
 from gpu_triage.metrics import METRIC_NAMES
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.snapshot import JobStatus, Snapshot
 from gpu_triage.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
+from tests.conftest import REPO, require_binary
+from tests.watchdog.snapshots import gpu_status, rank_status
 
 DASHBOARD = REPO / "deploy" / "grafana" / "gpu-watchdog.json"
 PROMETHEUS_YML = REPO / "deploy" / "prometheus" / "prometheus.yml"

@@ -25,13 +25,13 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_binary
-from tests.watchdog.snapshots import T0
-from tests.watchdog.test_alerts import make_job
 from gpu_triage.actions.alerts import Alert, Condition, build_alert, resolve
 from gpu_triage.actions.delivery import Delivery, backoff_s
 from gpu_triage.config import AlertsConfig, SinkConfig
 from gpu_triage.eventstore import EventStore
+from tests.conftest import require_binary
+from tests.watchdog.snapshots import T0
+from tests.watchdog.test_alerts import make_job
 
 # --------------------------------------------------------------------------------------------------
 # Helpers shared with test_action_engine.py

@@ -17,10 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_binary
-from tests.watchdog.snapshots import T0
-from tests.watchdog.test_delivery import free_port
-from tests.watchdog.test_ras import RasServer
 from gpu_triage.actions.evidence import (
     CaptureRequest,
     EvidenceCapture,
@@ -31,6 +27,10 @@ from gpu_triage.actions.evidence import (
     safe_name,
 )
 from gpu_triage.actions.kill import CommandResult, SubprocessRunner
+from tests.conftest import require_binary
+from tests.watchdog.snapshots import T0
+from tests.watchdog.test_delivery import free_port
+from tests.watchdog.test_ras import RasServer
 
 RANK_SCRIPT = r"""
 import json, os, sys, time

@@ -12,11 +12,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.watchdog.snapshots import snapshot
 from gpu_triage.api import create_app
 from gpu_triage.control import QueuedControl
 from gpu_triage.httpserver import HttpServer, PortInUseError
 from gpu_triage.publish import SnapshotHolder
+from tests.watchdog.snapshots import snapshot
 
 TOKEN = "tok-http-4e1b"
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.watchdog import fake_nvml
 from gpu_triage.telemetry.nvml import NvmlSource, nvml_available
 from gpu_triage.telemetry.types import GpuSample, TelemetrySource, TelemetryUnavailable
+from tests.watchdog import fake_nvml
 
 DEADLINE_S = 0.2
 SLACK_S = 0.2

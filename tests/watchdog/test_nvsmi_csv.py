@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import require_traces
 from gpu_triage.recordings import (
     Chunk,
     NvsmiCsvReader,
@@ -28,6 +27,7 @@ from gpu_triage.recordings import (
 )
 from gpu_triage.recordings.gpu_count import period_from_gaps, period_from_values
 from gpu_triage.recordings.nvsmi_csv import VALUE_FIELDS
+from tests.conftest import require_traces
 
 MIB = float(1 << 20)
 HEADER = "timestamp, power.draw [W], utilization.gpu [%], memory.used [MiB]"

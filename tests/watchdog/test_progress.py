@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
 from ft_trainer.progress import FIELDS as WRITER_FIELDS
 from ft_trainer.progress import PHASES as WRITER_PHASES
 from ft_trainer.progress import ProgressWriter, progress_dir
@@ -29,6 +28,7 @@ from gpu_triage.progress import (
     parse_record,
     stale_reason,
 )
+from tests.conftest import REPO
 
 T0 = 1_764_681_234.5
 HOST = "node-a"

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO, require_binary
 from gpu_triage.metrics import METRIC_NAMES
 from gpu_triage.states import Verdict
+from tests.conftest import REPO, require_binary
 
 PROMETHEUS = REPO / "deploy" / "prometheus"
 CONFIG = PROMETHEUS / "prometheus.yml"

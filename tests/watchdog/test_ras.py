@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.watchdog.test_delivery import free_port
 from gpu_triage.actions.ras import query_status, summarize_json, summarize_text
+from tests.watchdog.test_delivery import free_port
 
 TEXT_REPORT = """\
 NCCL version 2.26.2+cuda12.8 compiled with CUDA 12.8

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_traces
 from gpu_triage.telemetry.replay import ReplaySource
 from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
+from tests.conftest import require_traces
 
 MIB = float(1 << 20)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, require_binary
 from gpu_triage.sdnotify import SdNotifier
+from tests.conftest import REPO, require_binary
 
 UNIT = REPO / "deploy" / "systemd" / "gpu-watchdog.service"
 

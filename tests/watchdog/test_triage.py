@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import require_traces
 from gpu_triage.cli import main
 from gpu_triage.recordings.nvsmi_csv import read_recording
 from gpu_triage.recordings.writer import write_nvsmi_csv
 from gpu_triage.telemetry.sim import Scenario
 from gpu_triage.triage.engine import TriageOptions, triage_file
+from tests.conftest import require_traces
 
 # GPU count and power limit per file, as ../shared/traces/README.md states them
 TRACES = {

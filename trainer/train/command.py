@@ -24,7 +24,7 @@ examples:
   # two nodes x 8 GPUs (hostfile: "node-a slots=8" per line); --no_local_rank: ranks read LOCAL_RANK
   deepspeed --hostfile hostfile --no_local_rank --module ft_trainer.cli train --config job.toml
   # CPU, 2 ranks (tests, demos): DS_ACCELERATOR=cpu, gloo
-  DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 -m ft_trainer.cli train --config deploy/examples/tiny-cpu.toml
+  DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 -m ft_trainer.cli train --config tiny-cpu.toml
 """
 
 
