@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         w.writerow(["start_s", "end_s", "label"])
         for start, end, label in labels:
             w.writerow([f"{start:.1f}", f"{end:.1f}", label])
-    gw = [sys.executable, "-m", "watchdog"]
+    gw = [sys.executable, "-m", "gpu_triage"]
     name = args.name or sampler.name.replace("NVIDIA ", "").split()[0] + "-measured"
     fit = subprocess.run(
         [

@@ -187,3 +187,63 @@ def test_vectorised_equals_streaming(segs, dt, cuts):
         got += [(a + s.index, s.state, s.since_s) for s in sw]
     assert got == expected
     assert carry.state is clf.state and carry.since_s == clf.since_s
+
+
+def test_a_failed_read_is_no_vote():
+    """One read in four timing out must not hold a hung GPU in compute (nor keep it from leaving)."""
+    clf = GpuClassifier(H100)
+    t = 0.0
+    for _ in range(30):  # training
+        clf.update(t, 0.8, 0.95)
+        t += 1.0
+    assert clf.state is GpuState.COMPUTE
+    for i in range(30):  # the hang, with every fourth read failing
+        clf.update(t, NAN if i % 4 == 0 else 0.22, NAN if i % 4 == 0 else 1.0)
+        t += 1.0
+    assert clf.state is GpuState.CHECKPOINT_OR_DEADLOCK
+    # the vectorised form agrees on the same stream
+    times = np.arange(60, dtype=float)
+    p = np.array([0.8] * 30 + [NAN if i % 4 == 0 else 0.22 for i in range(30)])
+    u = np.array([0.95] * 30 + [NAN if i % 4 == 0 else 1.0 for i in range(30)])
+    switches, carry = classify_series(H100, times, p, u)
+    assert carry.state is GpuState.CHECKPOINT_OR_DEADLOCK and switches[-1].since_s == clf.since_s
+
+
+def test_reads_that_keep_failing_still_make_the_gpu_unknown():
+    clf = GpuClassifier(H100)
+    for t in range(10):
+        clf.update(float(t), 0.8, 0.95)
+    for t in range(10, 20):
+        clf.update(float(t), NAN, NAN)
+    assert clf.state is GpuState.UNKNOWN
+
+
+def test_a_capped_gpu_still_spins_in_the_spin_band_and_trains_in_compute():
+    """An H100 capped at 400 W (or 500 W): the spin draws ~155 W whatever the cap, training runs at
+    the cap, and an idle GPU holding memory stays idle."""
+    from gpu_triage.classify.bands import raw_state
+
+    for cap in (400.0, 500.0, 700.0):
+        table = H100.at_limit(cap)
+        assert raw_state(table, 155.0 / cap, 1.0) is GpuState.CHECKPOINT_OR_DEADLOCK, cap
+        assert raw_state(table, 0.97, 0.95) is GpuState.COMPUTE, cap
+        assert raw_state(table, 133.0 / cap, 0.0) is GpuState.IDLE, cap
+        # a GPU that was computing leaves compute for the spin band when it hangs
+        clf = GpuClassifier(table)
+        for t in range(10):
+            clf.update(float(t), 0.97, 0.95)
+        for t in range(10, 30):
+            clf.update(float(t), 155.0 / cap, 1.0)
+        assert clf.state is GpuState.CHECKPOINT_OR_DEADLOCK, cap
+    assert H100.at_limit(700.0).bands == H100.bands
+    # without utilisation (MIG, vGPU), an idle GPU holding memory is idle, never spinning
+    assert raw_state(H100, 145.0 / 700.0, NAN) is GpuState.IDLE
+
+
+def test_rescaled_tables_still_cover_every_point():
+    from gpu_triage.tables import _check_coverage, all_tables
+
+    for table in all_tables():
+        for cap in (0.4, 0.6, 0.8, 1.3):
+            limit = (table.power_limit_w or 500.0) * cap
+            _check_coverage(table.at_limit(limit), f"{table.model}@{limit:.0f}W")

@@ -11,6 +11,10 @@ The rule, for each sample of one GPU in time order:
    (``[t - dwell, t]``). The change is dated back to ``C``'s first sample in that window (``since``):
    the state began when its signature began, not when we were sure of it. The history restarts.
 
+A failed read (NaN power, candidate ``unknown``) is no vote: it counts neither for nor against another
+state, so one NVML timeout in four cannot hold a hung GPU in ``compute``; only ``unknown`` itself
+counts them (the GPU goes ``unknown`` when most reads of its dwell fail).
+
 With ``vote_share = 1`` this is "the candidate persisted for its whole dwell"; below 1 a bursty
 signal (utilisation at 10 Hz flickers between kernels) still settles, while a single-sample spike
 never changes the state (it is one vote in a window of several). A short dwell for ``compute`` makes
@@ -112,7 +116,7 @@ class GpuClassifier:
         votes = total = 0
         first: tuple[float, float] | None = None
         for t, c, p in hist:
-            if t >= lo:
+            if t >= lo and (c != UNKNOWN_CODE or code == UNKNOWN_CODE):  # a failed read is no vote
                 total += 1
                 if c == code:
                     votes += 1
@@ -177,10 +181,11 @@ def classify_series(
             got = cand_cache[s] = mine.astype(np.int8, copy=False)
         return got
 
-    vote_cache: dict[tuple[GpuState, int], tuple[np.ndarray, np.ndarray]] = {}
+    vote_cache: dict[tuple[GpuState, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def votes_for(s: GpuState, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """(window start index per sample for candidate c's dwell, cumulative count of c)."""
+    def votes_for(s: GpuState, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(window start index per sample for candidate c's dwell, cumulative count of c, cumulative
+        count of samples that do not vote: failed reads, unless c is unknown itself)."""
         key = (s, c)
         got = vote_cache.get(key)
         if got is None:
@@ -188,7 +193,9 @@ def classify_series(
             dwell = table.dwell_s(GPU_STATES[c])
             w = np.searchsorted(t, t - dwell, side="left")
             cs = np.concatenate(([0], np.cumsum(cand == c, dtype=np.int64)))
-            got = vote_cache[key] = (w, cs)
+            abstain = np.zeros(len(cand), dtype=bool) if c == UNKNOWN_CODE else cand == UNKNOWN_CODE
+            cu = np.concatenate(([0], np.cumsum(abstain, dtype=np.int64)))
+            got = vote_cache[key] = (w, cs, cu)
         return got
 
     other_cache: dict[GpuState, np.ndarray] = {}
@@ -216,11 +223,12 @@ def classify_series(
             best = len(ks)
             for c in codes:
                 dwell = table.dwell_s(GPU_STATES[c])
-                w, cs = votes_for(state, c)
+                w, cs, cu = votes_for(state, c)
                 sel = ks[:best]
                 wk = np.maximum(w[sel], h0)
                 votes = cs[sel + 1] - cs[wk]
-                fire = (vals[:best] == c) & (t[sel] - hist_start >= dwell) & (votes >= share * (sel + 1 - wk))
+                total = (sel + 1 - wk) - (cu[sel + 1] - cu[wk])
+                fire = (vals[:best] == c) & (t[sel] - hist_start >= dwell) & (votes >= share * total)
                 hit = np.flatnonzero(fire)
                 if len(hit):
                     best = int(hit[0])
@@ -231,7 +239,7 @@ def classify_series(
         if fired_k < 0:
             break
         c = int(cand[fired_k])
-        w, _ = votes_for(state, c)
+        w, _, _ = votes_for(state, c)
         lo = max(int(w[fired_k]), h0)
         j = lo + int(np.flatnonzero(cand[lo : fired_k + 1] == c)[0])
         state = GPU_STATES[c]

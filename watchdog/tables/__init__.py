@@ -116,6 +116,53 @@ class PowerTable:
     def with_limit(self, power_limit_w: float) -> PowerTable:
         return replace(self, power_limit_w=power_limit_w)
 
+    def at_limit(self, power_limit_w: float) -> PowerTable:
+        """This table for a GPU whose enforced limit is ``power_limit_w`` (a capped node, or a board
+        with another default limit than the table's reference).
+
+        Bands are fractions of the enforced limit, but waiting and idling draw about the same *watts*
+        whatever the cap (a spin is a resident kernel doing nothing; idle is the board's floor): an
+        H100 capped at 400 W still spins at ~155 W, which as a plain fraction (0.39) reads as
+        communication, and a GPU that was computing would never leave compute. So every power edge at
+        or below the spin band's ceiling is anchored in watts at the table's reference limit and
+        rescaled; the compute floor stays a fraction of the enforced limit but is kept above the
+        rescaled spin ceiling by compute's own margin (so a hung capped GPU leaves compute); edges in
+        between are spread over the new gap and edges above shift with the floor. The mapping is
+        monotonic, so the bands still cover every point. Without a reference limit (the generic
+        table) only the limit changes.
+        """
+        ref = self.power_limit_w
+        if ref is None or ref <= 0 or power_limit_w <= 0 or abs(power_limit_w - ref) < 1e-6:
+            return self.with_limit(power_limit_w)
+        scale = ref / power_limit_w
+        spin = self.bands[GpuState.CHECKPOINT_OR_DEADLOCK]
+        compute = self.bands[GpuState.COMPUTE]
+        low, floor = spin.power_max, compute.power_min
+        if not (math.isfinite(low) and low < floor):
+            return self.with_limit(power_limit_w)
+        new_low = low * scale
+        new_floor = max(floor, new_low + compute.margin_power + 0.02)
+
+        def edge(x: float) -> float:
+            if not math.isfinite(x):
+                return x
+            if x <= low:
+                return x * scale
+            if x < floor:
+                return new_low + (x - low) / (floor - low) * (new_floor - new_low)
+            return x + (new_floor - floor)
+
+        def band(b: Band) -> Band:
+            also = tuple((edge(p0), edge(p1), u0, u1) for p0, p1, u0, u1 in b.also)
+            return replace(b, power_min=edge(b.power_min), power_max=edge(b.power_max), also=also)
+
+        return replace(
+            self,
+            power_limit_w=power_limit_w,
+            bands={s: band(b) for s, b in self.bands.items()},
+            idle_power_max=edge(self.idle_power_max),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``GET /tables/current``, ``tables --json``)."""
         return {
@@ -325,5 +372,5 @@ def resolve_table(
         matched = match_model(device_name)
         table = builtin_table(matched or GENERIC)
     if power_limit_w is not None:
-        table = table.with_limit(power_limit_w)
+        table = table.at_limit(power_limit_w)
     return table
