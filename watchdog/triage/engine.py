@@ -117,7 +117,9 @@ def _pick_table(
             f"{named}: pass --model (one of B300, B200, H200, H100, A100) or "
             "--power-limit WATTS for the generic table"
         )
-    return table, float(limit)
+    # A capped node keeps its spin band in watts (PowerTable.at_limit); a table without a reference
+    # limit (generic) only takes the limit.
+    return table.at_limit(float(limit)), float(limit)
 
 
 def _median_intervals(path: str, gpus: int | None) -> tuple[int, np.ndarray]:
@@ -211,9 +213,11 @@ def triage_file(
     per_gpu: list[dict[str, float]] = []
     segments: list[dict[str, Any]] = []
     band_intervals: list[list[tuple[float, float]]] = []
+    gpu_segments: list[list[tuple[float, float, str]]] = []
     for g, tr in enumerate(tracks):
         mine = {str(s): 0.0 for s in GPU_STATES}
         spans: list[tuple[float, float]] = []
+        mine_segments: list[tuple[float, float, str]] = []
         sw = tr.switches
         for i, (since_s, since_pos, state) in enumerate(sw):
             end_t, end_pos = (sw[i + 1][0], sw[i + 1][1]) if i + 1 < len(sw) else (tr.last_t or 0.0, tr.pos)
@@ -221,16 +225,22 @@ def triage_file(
             segments.append(
                 {"gpu": g, "state": str(state), "start_s": round(since_s, 3), "end_s": round(end_t, 3)}
             )
+            mine_segments.append((since_s, end_t, str(state)))
             if state is GpuState.CHECKPOINT_OR_DEADLOCK:
                 spans.append((since_s, end_t))
         for k, v in mine.items():
             states_s[k] += v
         per_gpu.append(mine)
         band_intervals.append(spans)
+        gpu_segments.append(mine_segments)
     segments.sort(key=lambda s: (s["start_s"], s["gpu"]))
     # an interval reaching the last sample of every GPU is still open at the end of the recording
     open_end = min((tr.last_t for tr in tracks if tr.last_t is not None), default=end_s)
-    findings = find_deadlocks(band_intervals, open_end, opts.deadlock_after_s) if n_gpus else []
+    findings = (
+        find_deadlocks(band_intervals, open_end, opts.deadlock_after_s, segments=gpu_segments)
+        if n_gpus
+        else []
+    )
     verdicts = [
         {
             "verdict": "deadlock",
