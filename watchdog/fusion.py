@@ -1,12 +1,20 @@
 """Join what the progress files and the process inspector say about each job into the detector's
 :class:`~gpu_triage.detector.JobView` (pure).
 
-Jobs are keyed by name: the progress files' ``job``; the inspector already names a process group after
-the progress file that lists one of its pids, and otherwise after the launcher / environment. Ranks
-are matched by rank number. A rank whose file went *silent* (older than ``stale_after_s``) while its
-process still lives is kept, with its last step: a rank hung for longer than the staleness window is
-exactly the deadlock the daemon exists to report, so its silence is evidence, not a reason to forget
-it. A rank whose process is gone is dropped (the contract's "stale and ignored").
+Jobs are keyed by name: the progress files' ``job``; the inspector names a process group after the
+progress file it joined (with proof) and otherwise after the launcher / environment. Ranks are matched
+by rank number, else by pid.
+
+- A rank's GPU comes only from its process (NVML, or its rank environment): a job known from progress
+  files alone has *unmapped* GPUs and is reported so - never placed on another job's GPUs by its
+  ``local_rank``.
+- A progress file whose process was refused by the inspector (:class:`~gpu_triage.processes.
+  UntrustedClaim`: no rank environment, no GPU context, no launcher parent, another owner) does not
+  speak for the job at all: its rank is left out and the file is listed in the job's ``untrusted``.
+- A rank whose file went *silent* (older than ``stale_after_s``) while its process still lives is
+  kept, with its last step: a rank hung for longer than the staleness window is exactly the deadlock
+  the daemon exists to report. A rank whose process is gone is dropped (the contract's "stale and
+  ignored").
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpu_triage.detector import JobView, RankView
-from gpu_triage.processes import RankProcess
+from gpu_triage.processes import RankProcess, UntrustedClaim
 from gpu_triage.progress import JobProgress, RankProgress, StaleReason
 
 
@@ -25,7 +33,7 @@ def _rank_view(rank: int, prog: RankProgress | None, proc: RankProcess | None, f
     return RankView(
         rank=rank,
         pid=proc.pid if proc is not None else (prog.record.pid if prog is not None else None),
-        gpu=proc.gpu if proc is not None else (prog.record.local_rank if prog is not None else None),
+        gpu=proc.gpu if proc is not None else None,
         alive=proc.alive if proc is not None else None,
         status=proc.status if proc is not None else None,
         cpu_ratio=cpu_ratio,
@@ -35,6 +43,9 @@ def _rank_view(rank: int, prog: RankProgress | None, proc: RankProcess | None, f
         phase=prog.phase if prog is not None else None,
         lease_until=prog.lease_until if prog is not None else None,
         step_changed_at=prog.step_since_s if prog is not None else None,
+        phase_since=prog.phase_since_s if prog is not None else None,
+        previous_phase=prog.previous_phase if prog is not None else None,
+        proven=bool(proc is not None and proc.proof),
     )
 
 
@@ -43,11 +54,17 @@ def job_views(
     processes: Mapping[str, Sequence[RankProcess]],
     *,
     fresh_io: bool = True,
+    untrusted: Sequence[UntrustedClaim] = (),
+    untrusted_files: Sequence[Mapping[str, object]] = (),
 ) -> list[JobView]:
     """One JobView per job seen in either input. ``fresh_io``: the process deltas are new this cycle
-    (False on cycles between two inspections, so writes are not counted twice)."""
+    (False on cycles between two inspections, so writes are not counted twice). ``untrusted``: claims
+    the inspector refused; ``untrusted_files``: files the reader refused (their owner), each a dict
+    with at least ``job``."""
+    refused = {(u.job, u.rank): u for u in untrusted}
     out = []
-    for job in sorted(set(progress) | set(processes)):
+    jobs = set(progress) | set(processes)
+    for job in sorted(jobs):
         jp = progress.get(job)
         ranks_prog: dict[int, RankProgress] = {}
         if jp is not None:
@@ -55,6 +72,10 @@ def job_views(
             for rank, r in jp.stale.items():
                 if r.stale is StaleReason.SILENT and rank not in ranks_prog:
                     ranks_prog[rank] = r
+        notes = [u.to_dict() for key, u in refused.items() if key[0] == job]
+        notes += [dict(u) for u in untrusted_files if u.get("job") == job]
+        for key in [k for k in refused if k[0] == job]:
+            ranks_prog.pop(key[1], None)
         procs = list(processes.get(job, ()))
         by_rank = {p.rank: p for p in procs if p.rank is not None}
         by_pid = {p.pid: p for p in procs}
@@ -65,6 +86,19 @@ def job_views(
             if prog is not None and prog.stale is StaleReason.SILENT and (proc is None or not proc.alive):
                 continue
             views.append(_rank_view(rank, prog, proc, fresh_io))
+        world = jp.world_size if jp is not None else None
+        if world is None:
+            sizes = {p.world_size for p in procs if p.world_size is not None}
+            world = sizes.pop() if len(sizes) == 1 else None
         if views:
-            out.append(JobView(job=job, ranks=tuple(views), has_progress=bool(ranks_prog)))
+            out.append(
+                JobView(
+                    job=job,
+                    ranks=tuple(views),
+                    has_progress=bool(ranks_prog),
+                    world_size=world if ranks_prog else None,
+                    lease_scope=jp.lease_scope if jp is not None and ranks_prog else None,
+                    untrusted=tuple(notes),
+                )
+            )
     return out

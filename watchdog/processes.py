@@ -159,19 +159,81 @@ class Candidate:
     gpus: tuple[int, ...]
     found_by: str
     """'progress', 'nvml', 'environ' or 'launcher'."""
+    proof: tuple[str, ...] = ()
+    """What ties the process to a job: 'rank_env', 'gpu_context', 'launcher_child', 'progress_file'."""
+    uid: int | None = None
+    nspid: int | None = None
+    """Its pid in its own (innermost) PID namespace, when that differs from ours (a container)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressClaim:
+    """What a progress file says about its process: rank ``rank`` of ``job`` is ``pid``."""
+
+    job: str
+    rank: int
+    pid: int
+    local_rank: int | None = None
+    host_is_local: bool = True
+    """The file's ``host`` is this node's name (else its pid may live in a container's namespace)."""
+    owner_uid: int | None = None
+    """The file's owner (None: unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UntrustedClaim:
+    """A progress file whose pid names a process that is not proven to be the rank it claims."""
+
+    job: str
+    rank: int
+    pid: int
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"job": self.job, "rank": self.rank, "pid": self.pid, "reason": self.reason}
+
+
+def judge_claim(claim: ProgressClaim, cand: Candidate, env: RankEnv | None) -> str | None:
+    """Why ``cand`` is NOT the process ``claim`` names (None: it is). Pure.
+
+    A progress file is only a claim: anyone in the training group can write one. The process it names
+    is believed to be the rank when it carries a rank environment that agrees with the file (``RANK``,
+    or ``LOCAL_RANK`` where ``RANK`` is unset), or holds a GPU context, or descends from a launcher -
+    and belongs to the file's owner (or the file to root). A readable environment that contradicts
+    the file refutes it whatever else holds.
+    """
+    if env is not None:
+        if env.rank is not None and env.rank != claim.rank:
+            return f"pid {cand.pid}'s environment says RANK={env.rank}, the file says rank {claim.rank}"
+        if env.rank is None and claim.local_rank is not None and env.local_rank != claim.local_rank:
+            return (
+                f"pid {cand.pid}'s environment says LOCAL_RANK={env.local_rank}, "
+                f"the file says local_rank {claim.local_rank}"
+            )
+    proof = set(cand.proof) & {"rank_env", "gpu_context", "launcher_child"}
+    if not proof:
+        return f"pid {cand.pid} has no rank environment, no GPU context and no launcher parent"
+    if claim.owner_uid not in (None, 0) and cand.uid is not None and cand.uid != claim.owner_uid:
+        return f"pid {cand.pid} belongs to uid {cand.uid}, the file to uid {claim.owner_uid}"
+    return None
 
 
 def pick_ranks(candidates: Iterable[Candidate]) -> list[Candidate]:
-    """Drop data-loader workers: a candidate whose parent is a candidate of the same job and rank."""
+    """Of a parent and child with the same job and rank, keep one: the one a progress file names
+    (a wrapper - ``unshare``, a shell - may carry the rank's environment too), else the parent (the
+    child is a data-loader worker)."""
     cands = list(candidates)
     by_pid = {c.pid: c for c in cands}
-    out = []
+    drop: set[int] = set()
     for c in cands:
         parent = by_pid.get(c.ppid) if c.ppid is not None else None
-        if parent is not None and parent.job == c.job and parent.rank == c.rank:
+        if parent is None or parent.job != c.job or parent.rank != c.rank:
             continue
-        out.append(c)
-    return out
+        if "progress_file" in c.proof and "progress_file" not in parent.proof:
+            drop.add(parent.pid)
+        else:
+            drop.add(c.pid)
+    return [c for c in cands if c.pid not in drop]
 
 
 def choose_gpu(nvml_gpus: Sequence[int], env_gpu: int | None) -> int | None:
@@ -213,6 +275,9 @@ class RankProcess:
     interval_s: float | None
     """Seconds the deltas cover (None on the first measurement of this process)."""
     gone_since_s: float | None = None
+    proof: tuple[str, ...] = ()
+    """What ties it to the job (see :class:`Candidate`); a process without proof is never signalled."""
+    uid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +289,8 @@ class ProcessView:
     """Whether this call ran a discovery."""
     environ_denied: int = 0
     """Processes whose environment could not be read in this call's discovery."""
+    untrusted: tuple[UntrustedClaim, ...] = ()
+    """Progress-file claims refused by the last discovery (never adopted, never signalled)."""
 
     def by_pid(self) -> dict[int, RankProcess]:
         return {r.pid: r for ranks in self.jobs.values() for r in ranks}
@@ -271,6 +338,7 @@ class ProcessInspector:
         """psutil.Process objects built (the cache keeps this flat in steady state)."""
         self.environ_denied_total = 0
         self.last_discovery_duration_s = 0.0
+        self._untrusted: tuple[UntrustedClaim, ...] = ()
 
     # ---------------------------------------------------------------------------------- public
 
@@ -280,20 +348,27 @@ class ProcessInspector:
         *,
         gpu_pids: Mapping[int, Sequence[int]] | None = None,
         progress_pids: Mapping[str, Mapping[int, int]] | None = None,
+        claims: Sequence[ProgressClaim] | None = None,
         uuid_to_index: Mapping[str, int] | None = None,
     ) -> ProcessView:
         """Measure every known rank; run a discovery first when due or when a pid appears in
-        ``gpu_pids`` / ``progress_pids`` that is not known yet. Never raises for vanished processes."""
+        ``gpu_pids`` / the progress claims that is not known yet. ``progress_pids`` ({job: {rank:
+        pid}}) is the short form of ``claims`` (local host, owner unknown). Never raises for vanished
+        processes."""
         gpu_pids = gpu_pids or {}
-        progress_pids = progress_pids or {}
+        all_claims = list(claims or ()) + [
+            ProgressClaim(job, rank, pid)
+            for job, ranks in (progress_pids or {}).items()
+            for rank, pid in ranks.items()
+        ]
         inputs = frozenset(p for pids in gpu_pids.values() for p in pids) | frozenset(
-            p for ranks in progress_pids.values() for p in ranks.values()
+            c.pid for c in all_claims
         )
         due = self._last_discovery_s is None or now_s - self._last_discovery_s >= self.discovery_interval_s
         denied = 0
         discovered = False
         if due or not inputs <= self._known_inputs:
-            denied = self._discover(now_s, gpu_pids, progress_pids, uuid_to_index or {})
+            denied = self._discover(now_s, gpu_pids, all_claims, uuid_to_index or {})
             self._known_inputs = inputs
             discovered = True
         jobs: dict[str, list[RankProcess]] = {}
@@ -308,7 +383,7 @@ class ProcessInspector:
             job: tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid)))
             for job, ranks in sorted(jobs.items())
         }
-        return ProcessView(now_s, ordered, discovered, denied)
+        return ProcessView(now_s, ordered, discovered, denied, self._untrusted)
 
     # -------------------------------------------------------------------------------- discovery
 
@@ -333,7 +408,7 @@ class ProcessInspector:
         self,
         now_s: float,
         gpu_pids: Mapping[int, Sequence[int]],
-        progress_pids: Mapping[str, Mapping[int, int]],
+        claims: Sequence[ProgressClaim],
         uuid_to_index: Mapping[str, int],
     ) -> int:
         started = time.perf_counter()
@@ -343,18 +418,17 @@ class ProcessInspector:
         for gpu, pids in gpu_pids.items():
             for pid in pids:
                 nvml_gpus.setdefault(pid, []).append(gpu)
-        from_progress = {
-            pid: (job, rank) for job, ranks in progress_pids.items() for rank, pid in ranks.items()
-        }
 
         found: dict[int, Candidate] = {}
+        envs: dict[int, RankEnv | None] = {}
         denied = 0
         scan_environ = (self.always_scan_environ or not nvml_gpus) and (
             self._last_scan_s is None or now_s - self._last_scan_s >= self.environ_scan_interval_s
         )
         if scan_environ:
             self._last_scan_s = now_s
-        listed: set[int] = set(nvml_gpus) | set(from_progress)
+        claimed = {c.pid for c in claims if c.host_is_local}
+        listed: set[int] = set(nvml_gpus) | claimed
 
         # The environment (and the launcher tree) of every process, or only of the listed pids.
         launchers: list[int] = []
@@ -370,12 +444,15 @@ class ProcessInspector:
                     infos[pid] = (p.ppid(), p.cmdline(), p)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 infos.setdefault(pid, (None, [], None))
+        for pid, (_, cmdline, proc) in infos.items():
+            if proc is not None and pid not in (self.own_pid, 1) and is_launcher(cmdline):
+                launchers.append(pid)
+        launcher_set = set(launchers)
 
         for pid, (ppid, cmdline, proc) in infos.items():
             if pid in (self.own_pid, 1) or proc is None or (not cmdline and pid not in listed):
                 continue  # ourselves, init, kernel threads, gone
-            if is_launcher(cmdline):
-                launchers.append(pid)
+            if pid in launcher_set:
                 continue
             env: RankEnv | None = None
             try:
@@ -384,47 +461,51 @@ class ProcessInspector:
                 denied += 1
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
-            if env is None and pid not in listed:
+            gpus = tuple(sorted(nvml_gpus.get(pid, ())))
+            under_launcher = _under(ppid, infos, launcher_set)
+            proof = tuple(
+                name
+                for name, holds in (
+                    ("rank_env", env is not None),
+                    ("gpu_context", bool(gpus)),
+                    ("launcher_child", under_launcher is not None),
+                )
+                if holds
+            )
+            if not proof and pid not in claimed:
                 continue
             local_rank = env.local_rank if env else None
             if local_rank is None:
                 local_rank = local_rank_from_cmdline(cmdline)
-            env_gpu = gpu_for_local_rank(local_rank, env.cuda_visible_devices if env else None, uuid_to_index)
-            gpus = tuple(sorted(nvml_gpus.get(pid, ())))
-            rank = from_progress[pid][1] if pid in from_progress else env.rank if env else None
-            found_by = "progress" if pid in from_progress else "nvml" if gpus else "environ"
+            cvd = env.cuda_visible_devices if env else None
+            # LOCAL_RANK alone names a GPU only where NVML lists no process at all (a simulation, a
+            # CPU node): where it does list some and not this one, guessing would put this job on
+            # another job's GPU.
+            guess_ok = cvd is not None or not nvml_gpus
+            env_gpu = gpu_for_local_rank(local_rank, cvd, uuid_to_index) if guess_ok else None
+            if env is not None and env.job:
+                job = env.job
+            elif under_launcher is not None:
+                job = f"launcher-{under_launcher}"
+            else:
+                job = f"pgid-{_pgid(pid)}"
+            envs[pid] = env
             found[pid] = Candidate(
                 pid=pid,
                 ppid=ppid,
-                job=env.job if env and env.job else f"pgid-{_pgid(pid)}",
-                rank=rank,
+                job=job,
+                rank=env.rank if env else None,
                 local_rank=local_rank,
                 world_size=env.world_size if env else None,
-                gpu=choose_gpu(gpus, env_gpu if env else None),
+                gpu=choose_gpu(gpus, env_gpu if env else None)
+                if (env or gpus)
+                else (gpu_for_local_rank(local_rank, None) if not nvml_gpus else None),
                 gpus=gpus,
-                found_by=found_by,
+                found_by="nvml" if gpus else ("environ" if env else "launcher"),
+                proof=proof,
+                uid=_uid(proc),
+                nspid=_nspid(pid),
             )
-
-        # Children of a launcher are ranks even when their environment is unreadable.
-        for launcher in launchers:
-            for pid, (ppid, cmdline, _) in infos.items():
-                if ppid != launcher or pid in found or is_launcher(cmdline) or not cmdline:
-                    continue
-                local_rank = local_rank_from_cmdline(cmdline)
-                found[pid] = Candidate(
-                    pid=pid,
-                    ppid=ppid,
-                    job=f"launcher-{launcher}",
-                    rank=None,
-                    local_rank=local_rank,
-                    world_size=None,
-                    gpu=gpu_for_local_rank(local_rank, None) if not nvml_gpus else None,
-                    gpus=(),
-                    found_by="launcher",
-                )
-            for pid, cand in list(found.items()):  # ranks found by environ: grouped by their launcher
-                if cand.ppid == launcher and cand.job.startswith("pgid-"):
-                    found[pid] = _replace_job(cand, f"launcher-{launcher}")
 
         if not scan_environ:  # ranks found by the last scan stay until the next one
             for pid, old in self._tracked.items():
@@ -435,8 +516,42 @@ class ProcessInspector:
                 ):
                     found[pid] = old.cand
 
-        # A group with any pid in a progress file takes the progress file's job name.
-        renames = {cand.job: from_progress[pid][0] for pid, cand in found.items() if pid in from_progress}
+        # Progress files are claims: each is joined to the process it names only with proof.
+        untrusted: list[UntrustedClaim] = []
+        renames: dict[str, str] = {}
+        for claim in claims:
+            direct = found.get(claim.pid) if claim.host_is_local else None
+            inner = [c for c in found.values() if c.nspid == claim.pid and c.pid != claim.pid]
+            options = ([direct] if direct is not None else []) + inner
+            reasons: list[str] = []
+            chosen: Candidate | None = None
+            for cand in options:
+                why = judge_claim(claim, cand, envs.get(cand.pid))
+                if why is None:
+                    chosen = cand
+                    break
+                reasons.append(why)
+            if chosen is None:
+                if reasons:
+                    untrusted.append(UntrustedClaim(claim.job, claim.rank, claim.pid, "; ".join(reasons)))
+                continue  # or: the pid is not here (gone, or on another node): the file speaks alone
+            renames.setdefault(chosen.job, claim.job)
+            found[chosen.pid] = dataclasses.replace(
+                chosen,
+                job=claim.job,
+                rank=claim.rank,
+                local_rank=chosen.local_rank if chosen.local_rank is not None else claim.local_rank,
+                found_by="progress",
+                proof=(*chosen.proof, "progress_file"),
+            )
+        # Drop refused candidates that are nothing but the claim (no proof of their own).
+        for u in untrusted:
+            cand = found.get(u.pid)
+            if cand is not None and not cand.proof:
+                del found[u.pid]
+        self._untrusted = tuple(untrusted)
+
+        # A group with any pid joined to a progress file takes the progress file's job name.
         ranks = [_replace_job(c, renames[c.job]) if c.job in renames else c for c in found.values()]
         ranks = pick_ranks(ranks)
 
@@ -498,6 +613,7 @@ class ProcessInspector:
                 alive=False, status=t.status, pgid=t.pgid, cpu_time_s=None, cpu_time_delta_s=None,
                 read_bytes_delta=None, write_bytes_delta=None, read_chars_delta=None,
                 write_chars_delta=None, interval_s=None, gone_since_s=t.gone_since_s,
+                proof=c.proof, uid=c.uid,
             )  # fmt: skip
         deltas: list[int | None] = [None, None, None, None]
         cpu_delta = interval = None
@@ -513,7 +629,7 @@ class ProcessInspector:
             c.job, c.pid, c.rank, c.local_rank, c.world_size, c.gpu, c.gpus, c.found_by,
             alive=True, status=t.status, pgid=t.pgid, cpu_time_s=cpu_s, cpu_time_delta_s=cpu_delta,
             read_bytes_delta=deltas[0], write_bytes_delta=deltas[1], read_chars_delta=deltas[2],
-            write_chars_delta=deltas[3], interval_s=interval,
+            write_chars_delta=deltas[3], interval_s=interval, proof=c.proof, uid=c.uid,
         )  # fmt: skip
 
 
@@ -524,6 +640,40 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+def _uid(proc: psutil.Process) -> int | None:
+    try:
+        return proc.uids().real
+    except (psutil.Error, OSError):
+        return None
+
+
+def _nspid(pid: int) -> int | None:
+    """The pid in the innermost PID namespace (``NSpid`` in /proc/PID/status), when nested."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    fields = line.split()[1:]
+                    return int(fields[-1]) if len(fields) > 1 else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _under(
+    ppid: int | None, infos: Mapping[int, tuple[int | None, list[str], object]], launchers: set[int]
+) -> int | None:
+    """The launcher among the first three ancestors (a rank may sit under a wrapper), or None."""
+    seen = 0
+    while ppid is not None and seen < 3:
+        if ppid in launchers:
+            return ppid
+        info = infos.get(ppid)
+        ppid = info[0] if info is not None else None
+        seen += 1
+    return None
+
+
 def _replace_job(c: Candidate, job: str) -> Candidate:
     return dataclasses.replace(c, job=job)
 
@@ -532,12 +682,15 @@ __all__ = [
     "Candidate",
     "ProcessInspector",
     "ProcessView",
+    "ProgressClaim",
     "RankEnv",
     "RankProcess",
+    "UntrustedClaim",
     "choose_gpu",
     "gpu_for_local_rank",
     "is_launcher",
     "job_key",
+    "judge_claim",
     "local_rank_from_cmdline",
     "pick_ranks",
     "rank_env",

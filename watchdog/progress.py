@@ -31,7 +31,7 @@ import os
 import socket
 import stat
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,12 @@ class ProgressRecord:
     phase: str
     lease_until: float | None
     time: float
+    lease_scope: str | None = None
+    """Optional ``lease_scope``: ``"job"`` when the trainer announces every collective phase on every
+    rank (waiting ranks included), ``"rank"`` or absent when only the ranks doing the work do."""
+
+
+LEASE_SCOPES = ("job", "rank")
 
 
 # ------------------------------------------------------------------------------------------ pure
@@ -131,6 +137,9 @@ def parse_record(data: bytes | str) -> ProgressRecord:
         raise ProgressFormatError(f"rank: expected below world_size {world_size}, got {rank}")
     lease = obj["lease_until"]
     lease_until = None if lease is None else _time(lease, "lease_until")
+    scope = obj.get("lease_scope")
+    if scope is not None and scope not in LEASE_SCOPES:
+        raise ProgressFormatError(f"lease_scope: expected one of {', '.join(LEASE_SCOPES)}, got {scope!r}")
     if phase != "train" and lease_until is None:
         raise ProgressFormatError(f"lease_until: the {phase} phase needs a lease, got null")
     return ProgressRecord(
@@ -146,6 +155,7 @@ def parse_record(data: bytes | str) -> ProgressRecord:
         phase=phase,
         lease_until=lease_until,
         time=_time(obj["time"], "time"),
+        lease_scope=scope,
     )
 
 
@@ -175,15 +185,22 @@ class StepMark:
     step: int
     since_s: float
     """When the rank reported this step (the writer's ``time`` of the first record showing it)."""
+    phase: str = "train"
+    phase_since_s: float = 0.0
+    """When the rank entered ``phase`` (the ``time`` of the first record showing it)."""
+    previous_phase: str | None = None
+    """The phase before, when the change was seen; None when the rank was first seen in ``phase``."""
 
 
 class StepTracker:
-    """Remembers, per (job, rank), the step and when it was first reported.
+    """Remembers, per (job, rank), the step and the phase, and when each was first reported.
 
     The first sight of a rank uses the record's own ``time``: the writer writes at least at every
-    step change (rate-limited to 1/s), so a file that has not changed since is a step not advanced
-    since then - right even when the daemon starts in the middle of a hang. A step going backwards
-    (a restart from a checkpoint) counts as a change.
+    step change (rate-limited to 1/s) and at every phase change, so a file that has not changed since
+    is a step not advanced since then - right even when the daemon starts in the middle of a hang. A
+    step going backwards (a restart from a checkpoint) counts as a change. The phase change time is
+    what lets the detector measure frozen time from a rank's *return* to ``train``, so time spent
+    under a lease never counts as frozen.
     """
 
     def __init__(self) -> None:
@@ -192,9 +209,14 @@ class StepTracker:
     def observe(self, record: ProgressRecord) -> StepMark:
         key = (record.job, record.rank)
         mark = self._marks.get(key)
-        if mark is None or mark.step != record.step:
-            mark = StepMark(record.step, record.time)
-            self._marks[key] = mark
+        if mark is None:
+            mark = StepMark(record.step, record.time, record.phase, record.time, None)
+        else:
+            if mark.step != record.step:
+                mark = replace(mark, step=record.step, since_s=record.time)
+            if mark.phase != record.phase:
+                mark = replace(mark, phase=record.phase, phase_since_s=record.time, previous_phase=mark.phase)
+        self._marks[key] = mark
         return mark
 
     def get(self, job: str, rank: int) -> StepMark | None:
@@ -218,6 +240,11 @@ class RankProgress:
     """When ``record.step`` was first reported: steps frozen since then if they no longer advance."""
     lease: LeaseState
     stale: StaleReason | None
+    phase_since_s: float | None = None
+    """When the rank entered its current phase (record time)."""
+    previous_phase: str | None = None
+    owner_uid: int | None = None
+    """The file's owner: a process named by the file must belong to the same user (or the file to root)."""
 
     @property
     def rank(self) -> int:
@@ -254,6 +281,12 @@ class JobProgress:
         return sizes.pop() if len(sizes) == 1 else None
 
     @property
+    def lease_scope(self) -> str | None:
+        """``job`` only when every live rank's file says so."""
+        scopes = {r.record.lease_scope for r in self.ranks.values()}
+        return "job" if scopes == {"job"} else ("rank" if scopes else None)
+
+    @property
     def phases(self) -> dict[str, list[int]]:
         """Phase -> ranks in it (live ranks). More than one key is phase disagreement."""
         out: dict[str, list[int]] = {}
@@ -277,12 +310,34 @@ class FileError:
 
 
 @dataclass(frozen=True, slots=True)
+class UntrustedFile:
+    """A well-formed progress file that is not believed (never a verdict input, never a kill target)."""
+
+    path: Path
+    job: str
+    rank: int
+    pid: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "job": self.job,
+            "rank": self.rank,
+            "pid": self.pid,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class ProgressView:
     time_s: float
     jobs: Mapping[str, JobProgress]
     """Jobs with at least one file (live or stale), by name."""
     errors: tuple[FileError, ...] = ()
     directory_present: bool = True
+    untrusted: tuple[UntrustedFile, ...] = ()
+    """Files refused because their owner is neither the job directory's owner nor root."""
 
 
 # ------------------------------------------------------------------------------------------ reader
@@ -293,6 +348,8 @@ class _Cached:
     key: tuple[int, int, int]
     record: ProgressRecord | None
     error: str | None
+    uid: int | None = None
+    dir_uid: int | None = None
 
 
 def _rank_of(name: str) -> int | None:
@@ -338,6 +395,7 @@ class ProgressReader:
 
         for job_dir in job_dirs:
             try:
+                dir_uid = job_dir.stat(follow_symlinks=False).st_uid
                 entries = list(os.scandir(job_dir.path))
             except OSError as e:
                 errors.append(FileError(Path(job_dir.path), str(e)))
@@ -347,21 +405,46 @@ class ProgressReader:
                 if rank is None:
                     continue  # temp files of writers, anything else
                 path = Path(entry.path)
-                seen[path] = self._load(path, entry, job_dir.name, rank)
+                cached = self._load(path, entry, job_dir.name, rank)
+                cached.dir_uid = dir_uid
+                seen[path] = cached
 
         self._cache = seen
         jobs: dict[str, tuple[dict[int, RankProgress], dict[int, RankProgress]]] = {}
         keep: list[tuple[str, int]] = []
+        untrusted: list[UntrustedFile] = []
         for path, cached in sorted(seen.items()):
             if cached.record is None:
                 errors.append(FileError(path, cached.error or "unreadable"))
                 continue
             record = cached.record
+            if cached.uid not in (None, 0, cached.dir_uid):
+                # Job directories are group-writable: a file another user put there must not speak
+                # for the job (nor get its processes signalled).
+                untrusted.append(
+                    UntrustedFile(
+                        path,
+                        record.job,
+                        record.rank,
+                        record.pid,
+                        f"owned by uid {cached.uid}, its job directory by uid {cached.dir_uid}",
+                    )
+                )
+                continue
             mark = self.tracker.observe(record)
             keep.append((record.job, record.rank))
             alive = self._pid_exists(record.pid) if record.host == self.host else None
             reason = stale_reason(record, now_s, pid_alive=alive, stale_after_s=self.stale_after_s)
-            view = RankProgress(record, path, mark.since_s, lease_state(record, now_s), reason)
+            view = RankProgress(
+                record,
+                path,
+                mark.since_s,
+                lease_state(record, now_s),
+                reason,
+                phase_since_s=mark.phase_since_s,
+                previous_phase=mark.previous_phase,
+                owner_uid=cached.uid,
+            )
             live, stale = jobs.setdefault(record.job, ({}, {}))
             (stale if reason else live)[record.rank] = view
         self.tracker.forget(keep)
@@ -369,6 +452,7 @@ class ProgressReader:
             now_s,
             {job: JobProgress(job, live, stale) for job, (live, stale) in sorted(jobs.items())},
             tuple(errors),
+            untrusted=tuple(untrusted),
         )
 
     def _load(self, path: Path, entry: os.DirEntry[str], job: str, rank: int) -> _Cached:
@@ -378,8 +462,15 @@ class ProgressReader:
             return _Cached((0, 0, 0), None, str(e))
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         cached = self._cache.get(path)
-        if cached is not None and cached.key == key:
+        if cached is not None and cached.key == key and cached.uid == st.st_uid:
             return cached
+        loaded = self._parse(path, st, key, job, rank)
+        loaded.uid = st.st_uid
+        return loaded
+
+    def _parse(
+        self, path: Path, st: os.stat_result, key: tuple[int, int, int], job: str, rank: int
+    ) -> _Cached:
         if not stat.S_ISREG(st.st_mode):
             return _Cached(key, None, "not a regular file (symlinks are refused)")
         if st.st_size > MAX_FILE_BYTES:

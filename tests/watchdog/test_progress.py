@@ -185,9 +185,9 @@ def test_trainer_progress_imports_nothing_from_watchdog() -> None:
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
-    assert "watchdog" not in imported
+    assert "gpu_triage" not in imported
     # and at run time, in a fresh interpreter:
-    code = "import sys, trainer.progress; print('watchdog' in sys.modules)"
+    code = "import sys, ft_trainer.progress; print('gpu_triage' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"
 
