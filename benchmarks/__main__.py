@@ -3,6 +3,7 @@
     python -m benchmarks            # all
     python -m benchmarks --quick    # small inputs, a smoke run
     python -m benchmarks triage gate  # a selection
+    python -m benchmarks verdicts     # the trust scorecard of the scenario corpus (~30 s)
 
 Benchmarks measure and print; they never fail the build (machines here are shared and noisy).
 """
@@ -20,6 +21,7 @@ BENCHES = {
     "api": "benchmarks.bench_api",
     "gate": "benchmarks.bench_gate",
     "trainer": "benchmarks.bench_trainer",
+    "verdicts": "benchmarks.bench_verdicts",
 }
 
 

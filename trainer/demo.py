@@ -244,7 +244,7 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
         log = (root / "daemon.log").open("w")
         cleanup.append(log)
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "watchdog", "run", "--config", str(cfg)],
+            [sys.executable, "-m", "gpu_triage", "run", "--config", str(cfg)],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -85,7 +85,7 @@ GPU_FIELDS = (
     "sm_clock_mhz",
     "read_errors_total",
 )
-JOB_FIELDS = ("job", "verdict", "onset", "raised", "cause")
+JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause")
 RANK_FIELDS = ("rank", "pid", "gpu", "step", "phase", "lease_until", "alive", "process_status")
 
 
@@ -134,6 +134,7 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document = _fields(snapshot, STATUS_FIELDS)
     document["gpus"] = [gpu_document(g) for g in snapshot.gpus]
     document["jobs"] = [job_document(j) for j in snapshot.jobs]
+    document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
     return document
 
 
@@ -177,10 +178,16 @@ class JobDoc(_Doc):
     job: str
     ranks: list[RankDoc]
     verdict: Verdict
+    kill_worthy: bool = Field(
+        description="True only for a hung verdict resting on positive evidence of a hang (may be killed)"
+    )
     onset: float | None = Field(description="When the signature began (epoch seconds)")
     raised: float | None = Field(description="When the verdict was raised (epoch seconds)")
     evidence: dict[str, Any]
-    cause: str | None = Field(description="data_starvation cause: storage_wait, cpu_contention, loader")
+    cause: str | None = Field(
+        description="What explains the verdict (data_starvation: storage_wait, cpu_contention, loader; "
+        "stalled/slow: e.g. waiting_on_other_nodes, lease_expired:eval, asymmetric:gpu 3)"
+    )
 
 
 class StatusDoc(_Doc):
@@ -197,6 +204,9 @@ class StatusDoc(_Doc):
     version: str
     gpus: list[GpuDoc]
     jobs: list[JobDoc]
+    untrusted_progress_files: list[dict[str, Any]] = Field(
+        description="Progress files not believed (another owner, or a pid that is not the rank it claims)"
+    )
 
 
 class HealthDoc(_Doc):

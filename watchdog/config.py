@@ -297,31 +297,43 @@ class ClassifierConfig:
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    """Mirrors :class:`gpu_triage.detector.DetectorConfig` field for field (see its docstring for the
-    paths to each verdict); the daemon builds the detector's config from this one."""
+    """Mirrors :class:`gpu_triage.detector.DetectorConfig` field for field (see its docstring for what
+    each verdict needs); the daemon builds the detector's config from this one."""
 
     fast_min_s: float = field(
         default=15.0,
-        metadata=meta(number(1, 600), "frozen steps + spin band: shortest freeze that counts"),
+        metadata=meta(number(1, 600), "hung (K1/K2): shortest freeze of the train ranks that counts"),
     )
     k_fast: float = field(
-        default=1.5, metadata=meta(number(1, 100), "... and at least this many typical step intervals")
+        default=1.5, metadata=meta(number(1, 100), "... and at least this many learned step intervals")
+    )
+    k_remote: float = field(
+        default=2.5,
+        metadata=meta(
+            number(1, 100), "K2 with ranks on other nodes, K5 (asymmetric): this many step intervals"
+        ),
     )
     spin_min_s: float = field(
         default=10.0, metadata=meta(number(0, 600), "every job GPU in the spin band at least this long")
     )
-    slow_min_s: float = field(
-        default=60.0,
-        metadata=meta(number(1, 3600), "frozen steps without usable GPU telemetry: shortest freeze"),
+    stall_min_s: float = field(
+        default=60.0, metadata=meta(number(1, 3600), "stalled/slow: shortest freeze without proof of a hang")
     )
-    k_slow: float = field(
-        default=3.0, metadata=meta(number(1, 100), "... and at least this many typical step intervals")
+    k_stall: float = field(
+        default=3.0, metadata=meta(number(1, 100), "... and at least this many learned step intervals")
     )
     disagree_min_s: float = field(
         default=15.0, metadata=meta(number(1, 600), "phase disagreement with frozen train ranks")
     )
     power_only_after_s: float = field(
-        default=120.0, metadata=meta(number(10, 180), "no progress files: spin band this long, no writes")
+        default=120.0,
+        metadata=meta(number(10, 180), "no progress files: spin band (or asymmetric) this long -> stalled"),
+    )
+    power_only_can_kill: bool = field(
+        default=False,
+        metadata=meta(
+            boolean, "let power alone (no progress files) be kill-worthy: a remote save looks the same"
+        ),
     )
     confirm_after_s: float = field(
         default=120.0, metadata=meta(number(1, 3600), "suspected this long -> deadlock_confirmed")
@@ -329,8 +341,11 @@ class DetectorConfig:
     write_active_bytes: float = field(
         default=4 * 2**20, metadata=meta(number(0), "bytes written within write_window_s = 'writing'")
     )
+    read_active_bytes: float = field(
+        default=4 * 2**20, metadata=meta(number(0), "bytes read within write_window_s = 'reading'")
+    )
     write_window_s: float = field(
-        default=10.0, metadata=meta(number(1, 600), "window for write_active_bytes")
+        default=10.0, metadata=meta(number(1, 600), "window for write_active_bytes and read_active_bytes")
     )
     lease_grace_s: float = field(
         default=5.0, metadata=meta(number(0, 3600), "tolerance past an announced lease_until")
@@ -342,7 +357,17 @@ class DetectorConfig:
         default=10.0, metadata=meta(number(1, 600), "failed reads -> telemetry_lost")
     )
     default_step_interval_s: float = field(
-        default=10.0, metadata=meta(number(0.01, 3600), "step interval assumed until the job's is learned")
+        default=60.0, metadata=meta(number(0.01, 3600), "step interval assumed until the job's is learned")
+    )
+    first_step_default_s: float = field(
+        default=600.0,
+        metadata=meta(number(1, 86400), "first step after a start, before any first step was seen"),
+    )
+    k_first: float = field(
+        default=2.0, metadata=meta(number(1, 100), "a first step may take this x the longest seen")
+    )
+    interval_decay: float = field(
+        default=0.1, metadata=meta(number(0, 1), "how fast the learned step interval comes down")
     )
     cpu_contention_ratio: float = field(
         default=0.9, metadata=meta(number(0, 64), "a starving rank using this share of a core is CPU-bound")
@@ -573,12 +598,13 @@ def _cross_checks(config: Config, origins: Mapping[str, str], errors: _Collector
     def origin(key: str) -> str:
         return origins.get(key, "defaults")
 
-    if d.slow_min_s < d.fast_min_s:
+    if d.stall_min_s < d.fast_min_s:
         errors.add(
-            origin("detector.slow_min_s"),
-            "detector.slow_min_s",
-            f"at least detector.fast_min_s ({_fmt(d.fast_min_s)}): without GPU telemetry the rule is slower",
-            d.slow_min_s,
+            origin("detector.stall_min_s"),
+            "detector.stall_min_s",
+            f"at least detector.fast_min_s ({_fmt(d.fast_min_s)}): a stall without proof is called no "
+            "sooner than a proven hang",
+            d.stall_min_s,
         )
     if a.alert_after_s < a.capture_after_s:
         errors.add(

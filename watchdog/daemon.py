@@ -32,8 +32,8 @@ from gpu_triage.detector import DetectorConfig as DetectorSettings
 from gpu_triage.eventstore import EventStore, StoreError
 from gpu_triage.fusion import job_views
 from gpu_triage.gpu_tracker import GpuTracker
-from gpu_triage.processes import ProcessInspector
-from gpu_triage.progress import ProgressReader
+from gpu_triage.processes import ProcessInspector, ProgressClaim
+from gpu_triage.progress import ProgressReader, ProgressView
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.sdnotify import SdNotifier
 from gpu_triage.snapshot import JobStatus, Snapshot
@@ -103,6 +103,7 @@ class Daemon:
         self._last_sample_time: float | None = None
         self._sample_duration_s = 0.0
         self._process_view = None
+        self._untrusted: tuple[dict[str, Any], ...] = ()
         self._silences_saved = 0
         self.cycle_no = 0
 
@@ -326,6 +327,7 @@ class Daemon:
             },
             actions=dict(getattr(self.actions, "counters", {}) or {}),
             version=__version__,
+            untrusted_progress_files=self._untrusted,
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
@@ -335,13 +337,31 @@ class Daemon:
     def _detect(self, now: float, samples, statuses) -> tuple[JobStatus, ...]:
         view = self.progress.read(now)
         gpu_pids = {s.gpu: list(s.pids) for s in samples if s.pids}
-        progress_pids = {job: jp.pids() for job, jp in view.jobs.items()}
         uuid_to_index = {g.uuid: g.gpu for g in statuses if g.uuid}
         self._process_view = self.inspector.inspect(
-            now, gpu_pids=gpu_pids, progress_pids=progress_pids, uuid_to_index=uuid_to_index
+            now,
+            gpu_pids=gpu_pids,
+            claims=progress_claims(view, self.progress.host),
+            uuid_to_index=uuid_to_index,
         )
-        jobs = job_views(view.jobs, self._process_view.jobs)
-        gviews = [GpuView(g.gpu, g.state, g.state_since, self.gpus.nvlink_bytes(g.gpu)) for g in statuses]
+        untrusted_files = [u.to_dict() for u in view.untrusted]
+        jobs = job_views(
+            view.jobs,
+            self._process_view.jobs,
+            untrusted=self._process_view.untrusted,
+            untrusted_files=untrusted_files,
+        )
+        self._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in self._process_view.untrusted)])
+        gviews = [
+            GpuView(
+                g.gpu,
+                g.state,
+                g.state_since,
+                self.gpus.nvlink_bytes(g.gpu),
+                util_known=g.utilization_ratio is not None or g.power_w is None,
+            )
+            for g in statuses
+        ]
         results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
         for j in results:
             prev = self._verdicts.get(j.job)
@@ -420,6 +440,23 @@ class Daemon:
         self._event("daemon", {"event": "reloaded", "config": new.origin})
         self.notifier.ready("configuration reloaded")
         log.info("configuration reloaded from %s", new.origin)
+
+
+def progress_claims(view: ProgressView, host: str) -> list[ProgressClaim]:
+    """What each believed progress file claims about its process (the inspector checks the claim)."""
+    claims = []
+    for job, jp in view.jobs.items():
+        ranks = dict(jp.ranks)
+        for rank, r in jp.stale.items():
+            ranks.setdefault(rank, r)
+        for rank, r in ranks.items():
+            rec = r.record
+            claims.append(
+                ProgressClaim(
+                    job, rank, rec.pid, rec.local_rank, host_is_local=rec.host == host, owner_uid=r.owner_uid
+                )
+            )
+    return claims
 
 
 def summary_line(snap: Snapshot) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_triage.findings import Finding
 from gpu_triage.states import GpuState, Mode, Verdict
 
 
@@ -59,7 +60,13 @@ class JobStatus:
     """When the verdict was raised."""
     evidence: dict[str, Any] = field(default_factory=dict)
     cause: str | None = None
-    """For data_starvation: 'storage_wait', 'cpu_contention' or 'loader'."""
+    """What explains the verdict: for data_starvation 'storage_wait', 'cpu_contention' or 'loader';
+    for stalled/slow e.g. 'waiting_on_other_nodes', 'lease_expired:eval', 'asymmetric:gpu 3'."""
+    kill_worthy: bool = False
+    """True only for a hung verdict resting on positive evidence of a hang (docs/detector.md): the
+    action engine never signals a job whose status does not say so."""
+    findings: tuple[Finding, ...] = ()
+    """Every signal's statement this cycle (typed; ``evidence['findings']`` is their JSON form)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +90,5 @@ class Snapshot:
     actions: dict[tuple[str, str], int] = field(default_factory=dict)
     """(action, result) -> count since start."""
     version: str = ""
+    untrusted_progress_files: tuple[dict[str, Any], ...] = ()
+    """Progress files not believed this cycle: never a verdict input, never a kill target."""

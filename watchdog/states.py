@@ -21,19 +21,34 @@ GPU_STATES: tuple[GpuState, ...] = tuple(GpuState)
 
 
 class Verdict(StrEnum):
-    """What the detector concludes about one job on this node."""
+    """What the detector concludes about one job on this node.
+
+    Two classes (docs/detector.md): only the *hung* verdicts, ``deadlock_suspected`` and
+    ``deadlock_confirmed``, rest on positive evidence of a hang from independent signals and may lead
+    to a kill. Every other verdict says that progress is missing or slow (or that the watchdog cannot
+    see); it is worth an alert at most, never a signal.
+    """
 
     HEALTHY = "healthy"
     CHECKPOINT = "checkpoint"
+    """A save is under way (announced by a lease, or seen as writes while the GPUs wait)."""
     DEADLOCK_SUSPECTED = "deadlock_suspected"
     DEADLOCK_CONFIRMED = "deadlock_confirmed"
     DATA_STARVATION = "data_starvation"
     STALLED_CHECKPOINT = "stalled_checkpoint"
+    STALLED = "stalled"
+    """No progress for longer than the job's own budget, without positive proof of a hang."""
+    SLOW = "slow"
+    """Past its budget, but the GPUs are working (an unannounced eval, a recompile, an overrun lease)."""
+    SUSPENDED = "suspended"
+    """A rank is stopped (SIGSTOP, a scheduler's suspend): nothing can advance until it resumes."""
     TELEMETRY_LOST = "telemetry_lost"
 
 
 VERDICTS: tuple[Verdict, ...] = tuple(Verdict)
 DEADLOCK_VERDICTS = frozenset({Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED})
+#: The only verdicts that can lead to a signal (the rest alert at most).
+KILL_WORTHY_VERDICTS = DEADLOCK_VERDICTS
 
 
 class Mode(StrEnum):

@@ -64,6 +64,7 @@ def rank_process(job: str, pid: int, rank: int) -> RankProcess:
         read_chars_delta=0,
         write_chars_delta=0,
         interval_s=1.0,
+        proof=("rank_env", "progress_file"),
     )
 
 
@@ -690,3 +691,44 @@ def test_on_cycle_never_raises(tmp_path: Path) -> None:
         assert records and records[-1]["action"] == "engine" and records[-1]["result"] == "error"
     finally:
         eng.close()
+
+
+def test_a_confirmed_verdict_without_kill_worthy_evidence_is_never_signalled(
+    tmp_path: Path, store: EventStore, procs: Procs
+) -> None:
+    """Defence in depth: the engine signals only a status that carries ``kill_worthy``."""
+    clock = FakeClock()
+    pids, processes = two_ranks(procs, mode="obey")
+    rank_pids = [p.pid for p in processes[JOB]]
+    eng = make_engine(store, tmp_path, clock)
+    d = Driver(eng, clock)
+    try:
+        job = make_job(Verdict.DEADLOCK_CONFIRMED, ranks=2, pids=rank_pids, kill_worthy=False)
+        d.run(120, Mode.KILL, [job], processes)
+    finally:
+        eng.close()
+    assert not [a for a in d.actions() if a[0] in ("sigterm", "sigkill", "kill_hook")]
+    assert all(alive(p) for p in pids)
+
+
+def test_only_processes_tied_to_the_job_by_proof_are_targets(
+    tmp_path: Path, store: EventStore, procs: Procs
+) -> None:
+    """A rank the inspector holds without proof, or a pid only the detector's rank list names (a
+    progress file's word), is never signalled; with no proven process the kill has no targets."""
+    from dataclasses import replace
+
+    clock = FakeClock()
+    pids, processes = two_ranks(procs, mode="obey")
+    unproven = {JOB: [replace(p, proof=()) for p in processes[JOB]]}
+    eng = make_engine(store, tmp_path, clock)
+    d = Driver(eng, clock)
+    try:
+        job = make_job(Verdict.DEADLOCK_CONFIRMED, ranks=2, pids=[p.pid for p in processes[JOB]])
+        d.run(60, Mode.KILL, [job], unproven)
+        d.run(60, Mode.KILL, [job], {})
+    finally:
+        eng.close()
+    assert ("sigterm", "no_targets") in d.actions()
+    assert not [a for a in d.actions() if a in (("sigterm", "started"), ("sigterm", "ok"))]
+    assert all(alive(p) for p in pids)

@@ -27,7 +27,7 @@ from gpu_triage.actions.alerts import (
     webhook_payload,
 )
 from gpu_triage.snapshot import JobStatus, RankStatus
-from gpu_triage.states import GpuState, Verdict
+from gpu_triage.states import KILL_WORTHY_VERDICTS, GpuState, Verdict
 from tests.watchdog.snapshots import T0, gpu_status
 
 
@@ -39,6 +39,7 @@ def make_job(
     step: int = 1200,
     onset: float | None = T0 - 600.0,
     pids: list[int] | None = None,
+    kill_worthy: bool | None = None,
 ) -> JobStatus:
     """A job as the detector reports it (evidence keys as ``watchdog/detector.py`` writes them)."""
     pids = pids if pids is not None else [10_000 + r for r in range(ranks)]
@@ -59,6 +60,7 @@ def make_job(
             for r in range(ranks)
         ),
         verdict=verdict,
+        kill_worthy=verdict in KILL_WORTHY_VERDICTS if kill_worthy is None else kill_worthy,
         onset=None if healthy else onset,
         raised=None if healthy else T0 - 300.0,
         evidence={

@@ -178,11 +178,11 @@ def test_power_only_rule_is_capped_at_180_s(tmp_path: Path) -> None:
 def test_cross_key_constraints(tmp_path: Path) -> None:
     path = write(
         tmp_path,
-        "[detector]\nfast_min_s = 60\nslow_min_s = 30\n[actions]\ncapture_after_s = 10\nalert_after_s = 5\n",
+        "[detector]\nfast_min_s = 60\nstall_min_s = 30\n[actions]\ncapture_after_s = 10\nalert_after_s = 5\n",
     )
     assert problems(path) == [
-        f"{path}: detector.slow_min_s: expected at least detector.fast_min_s (60): without GPU telemetry "
-        "the rule is slower, got 30.0",
+        f"{path}: detector.stall_min_s: expected at least detector.fast_min_s (60): a stall without proof "
+        "is called no sooner than a proven hang, got 30.0",
         f"{path}: actions.alert_after_s: expected at least actions.capture_after_s (10): "
         "evidence is captured first, got 5.0",
     ]

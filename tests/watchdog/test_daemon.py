@@ -24,7 +24,7 @@ from gpu_triage.telemetry.nvml import NvmlSource
 from tests.conftest import REPO, require_binary
 from tests.watchdog import fake_nvml
 
-GPU_WATCHDOG = [sys.executable, "-m", "watchdog"]
+GPU_WATCHDOG = [sys.executable, "-m", "gpu_triage"]
 
 
 def free_port() -> int:

@@ -1,7 +1,11 @@
-"""Scripted evidence streams through the detector: every verdict, its onset, and the speed targets
-(suspected within 30 s of onset with GPU telemetry and progress; within 3 min on power and process
-signals alone), and the two things it must never do (call a checkpoint a deadlock, let one rank's
-lease excuse another rank's frozen step)."""
+"""Scripted evidence streams through the detector: every verdict, its onset, the speed targets
+(kill-worthy within 30 s of onset with GPU telemetry and progress; stalled within 3 min on power
+alone), the verdict model (only positive evidence of a hang from two independent signals is
+kill-worthy; the absence of progress alone is alert-worthy at most), and what it must never do (call
+a checkpoint a deadlock, let one rank's lease excuse another rank's frozen step).
+
+The realistic situations (saves local and remote, evals, warm-ups, stragglers, suspends, capped nodes,
+every kind of hang) are the scenario corpus: tests/watchdog/test_verdict_corpus.py."""
 
 from __future__ import annotations
 
@@ -120,17 +124,22 @@ def test_symmetric_hang_with_progress_and_gpus_is_suspected_within_30s_then_conf
     assert onset_c == onset
 
 
-def test_hang_without_gpu_telemetry_is_still_detected_from_progress():
+def test_frozen_steps_without_gpu_telemetry_are_stalled_never_hung():
+    """--source none, no phase disagreement: frozen steps are the absence of progress - an alert."""
     out = drive(Job(), hang_at(300), 700, telemetry=False)
-    t_s, onset = first(out, Verdict.DEADLOCK_SUSPECTED)
-    assert onset <= 300 and t_s - onset <= 90
+    assert first(out, Verdict.DEADLOCK_SUSPECTED) is None
+    t_s, onset = first(out, Verdict.STALLED)
+    assert onset <= 300 and t_s - onset <= DetectorConfig().stall_min_s + 2
 
 
-def test_hang_without_progress_files_is_detected_from_power_and_processes_within_3_min():
+def test_hang_without_progress_files_is_stalled_within_3_min_and_kill_worthy_only_when_allowed():
     out = drive(Job(progress=False), hang_at(300), 800)
-    t_s, onset = first(out, Verdict.DEADLOCK_SUSPECTED)
-    assert onset == 300
-    assert t_s - onset <= 180
+    assert first(out, Verdict.DEADLOCK_SUSPECTED) is None
+    t_s, onset = first(out, Verdict.STALLED)
+    assert onset == 300 and t_s - onset <= 180
+    armed = drive(Job(progress=False), hang_at(300), 800, cfg=DetectorConfig(power_only_can_kill=True))
+    t_k, onset_k = first(armed, Verdict.DEADLOCK_SUSPECTED)
+    assert onset_k == 300 and t_k - onset_k <= 180
 
 
 def checkpoint(t0: float, length_s: float, lease_s: float, writer_bytes_per_s: float = 200e6):
@@ -187,19 +196,34 @@ def test_phase_disagreement_is_the_epoch_end_deadlock_even_with_a_live_lease():
     assert onset <= 200 and t_s - onset <= 30
 
 
-def test_every_rank_outliving_its_epoch_end_lease_is_suspected():
+def test_every_rank_outliving_its_epoch_end_lease_with_spinning_gpus_is_hung():
     def script(t: float, job: Job) -> None:
         if t < 100:
             job.advance(t)
             return
         job.phase = ["epoch_end"] * job.n
         job.lease = [100 + 30.0] * job.n  # announced once, never renewed: the ranks hang
+        job.set_gpus(SPIN, t)
 
     out = drive(Job(), script, 300)
     assert not {v for t, v, _ in out if t < 130} & {Verdict.DEADLOCK_SUSPECTED}
     t_s, onset = first(out, Verdict.DEADLOCK_SUSPECTED)
     cfg = DetectorConfig()
-    assert onset <= 100 and t_s <= 130 + cfg.lease_grace_s + cfg.fast_min_s + 1
+    assert onset == 130 + cfg.lease_grace_s and t_s <= onset + 1
+
+
+def test_an_overrun_lease_while_the_gpus_compute_is_slow_not_hung():
+    def script(t: float, job: Job) -> None:
+        if t < 100:
+            job.advance(t)
+            return
+        job.phase = ["eval"] * job.n
+        job.lease = [100 + 30.0] * job.n
+        job.set_gpus(C, t)
+
+    out = drive(Job(), script, 400)
+    assert not {v for _, v, _ in out} & {Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED}
+    assert first(out, Verdict.SLOW) is not None
 
 
 def test_steps_advancing_again_clears_the_verdict():
@@ -267,3 +291,152 @@ def test_daemon_config_mirrors_the_detector_config():
     ours = {f.name: f.default for f in dataclasses.fields(DetectorConfig)}
     theirs = {f.name: f.default for f in dataclasses.fields(config.DetectorConfig)}
     assert ours == theirs
+
+
+# -- the verdict model ------------------------------------------------------------------------------
+
+
+def ranks_view(
+    n: int,
+    *,
+    step: int,
+    changed: float,
+    phase: str = "train",
+    phase_since: float | None = None,
+    previous: str | None = None,
+    lease: float | None = None,
+    status: str = "sleeping",
+    writes: float = 0.0,
+) -> tuple[RankView, ...]:
+    return tuple(
+        RankView(
+            rank=r,
+            pid=100 + r,
+            gpu=r,
+            alive=True,
+            status=status,
+            write_bytes_delta=writes if r == 0 else 0.0,
+            step=step,
+            phase=phase,
+            lease_until=lease,
+            step_changed_at=changed,
+            phase_since=phase_since,
+            previous_phase=previous,
+            proven=True,
+        )
+        for r in range(n)
+    )
+
+
+def spin(n: int, since: float) -> list[GpuView]:
+    return [GpuView(g, SPIN, since) for g in range(n)]
+
+
+def learn(det: Detector, job: str = "ft", *, interval: float = 10.0, until: float = 100.0) -> None:
+    """Feed ``det`` a job stepping every ``interval`` seconds up to ``until``."""
+    t = 0.0
+    while t <= until:
+        step = int(t // interval)
+        det.update(
+            t,
+            [GpuView(g, C, 0.0) for g in range(4)],
+            [JobView(job, ranks_view(4, step=step, changed=step * interval), True, 4, "job")],
+        )
+        t += 1.0
+
+
+def test_only_hung_verdicts_are_kill_worthy_and_the_evidence_says_why_not():
+    det = Detector()
+    learn(det)
+    (hung,) = det.update(
+        130, spin(4, 102), [JobView("ft", ranks_view(4, step=10, changed=100), True, 4, "job")]
+    )
+    assert hung.verdict is Verdict.DEADLOCK_SUSPECTED and hung.kill_worthy
+    stances = {f["signal"]: f["stance"] for f in hung.evidence["findings"]}
+    assert stances["steps_frozen"] == "hang" and stances["spin_band"] == "hang"
+    det = Detector()
+    learn(det)
+    (stalled,) = det.update(
+        200, [], [JobView("ft", ranks_view(4, step=10, changed=100), True, 4, "job")], telemetry_ok=False
+    )
+    assert stalled.verdict is Verdict.STALLED and not stalled.kill_worthy
+    assert "telemetry" in stalled.evidence["not_kill_worthy_because"]
+
+
+def test_frozen_time_starts_at_the_return_to_train_not_at_the_last_step():
+    """Back from a 300 s save at t=400 with the step last changed at 100: not frozen for 300 s."""
+    det = Detector()
+    learn(det)
+    ranks = ranks_view(4, step=10, changed=100, phase_since=400, previous="checkpoint")
+    (s,) = det.update(410, spin(4, 398), [JobView("ft", ranks, True, 4, "job")])
+    assert s.verdict is Verdict.HEALTHY and s.evidence["first_step"] == "after_lease"
+    (s,) = det.update(430, spin(4, 398), [JobView("ft", ranks, True, 4, "job")])
+    assert s.verdict is Verdict.DEADLOCK_SUSPECTED  # 30 s into the first step, every GPU spinning
+
+
+def test_unseen_ranks_need_job_wide_leases_before_spin_and_frozen_steps_prove_a_hang():
+    for scope, expected in (("rank", Verdict.STALLED), ("job", Verdict.DEADLOCK_SUSPECTED)):
+        det = Detector()
+        t = 0.0
+        while t <= 100:
+            step = int(t // 10)
+            job = JobView("ft", ranks_view(4, step=step, changed=step * 10.0), True, 8, scope)
+            det.update(t, [GpuView(g, C, 0.0) for g in range(4)], [job])
+            t += 1.0
+        job = JobView("ft", ranks_view(4, step=10, changed=100), True, 8, scope)
+        verdicts = [det.update(t, spin(4, 101), [job])[0].verdict for t in range(101, 160)]
+        assert expected in verdicts and not ({*verdicts} - {Verdict.HEALTHY, expected}), (scope, verdicts)
+
+
+def test_writes_and_d_state_veto_a_hang_and_a_stopped_rank_is_suspended():
+    det = Detector()
+    learn(det)
+    job = JobView("ft", ranks_view(4, step=10, changed=100, writes=50e6), True, 4, "job")
+    assert det.update(150, spin(4, 101), [job])[0].verdict is not Verdict.DEADLOCK_SUSPECTED
+    det = Detector()
+    learn(det)
+    job = JobView("ft", ranks_view(4, step=10, changed=100, status="disk-sleep"), True, 4, "job")
+    (s,) = det.update(250, spin(4, 101), [job])
+    assert not s.kill_worthy
+    det = Detector()
+    learn(det)
+    job = JobView("ft", ranks_view(4, step=10, changed=100, status="stopped"), True, 4, "job")
+    (s,) = det.update(250, spin(4, 101), [job])
+    assert s.verdict is Verdict.SUSPENDED and not s.kill_worthy
+    # resumed: the frozen clock restarts, the spinning GPUs do not make it a hang at once
+    job = JobView("ft", ranks_view(4, step=10, changed=100), True, 4, "job")
+    assert det.update(251, spin(4, 101), [job])[0].verdict is Verdict.HEALTHY
+
+
+def test_a_job_on_no_gpu_never_borrows_another_jobs_gpus():
+    det = Detector()
+    a = JobView("a", ranks_view(4, step=1, changed=0), True, 4, "job")
+    b_ranks = tuple(replace_gpu(r) for r in ranks_view(4, step=1, changed=0))
+    b = JobView("b", b_ranks, True, 4, "job")
+    _, sb = det.update(10, spin(4, 0), [a, b])
+    assert sb.evidence["gpus"] == [] and "gpus_unmapped" in {f["signal"] for f in sb.evidence["findings"]}
+    (alone,) = Detector().update(10, spin(4, 0), [b])
+    assert alone.evidence["gpus_inferred"] is True  # the only job, no GPU claimed: inferred, flagged
+
+
+def replace_gpu(r: RankView) -> RankView:
+    from dataclasses import replace
+
+    return replace(r, gpu=None)
+
+
+def test_step_timing_rises_at_once_and_comes_down_slowly():
+    from gpu_triage.step_timing import FirstStep, StepTiming, TimingConfig
+
+    t = StepTiming(TimingConfig(default_interval_s=60.0, first_step_default_s=600.0))
+    assert t.interval_s() == 60.0 and not t.learned()
+    t.observe_interval(10.0)
+    assert t.interval_s() == 10.0
+    t.observe_interval(20.0)  # a straggler: at once
+    assert t.interval_s() == 20.0
+    t.observe_interval(10.0)  # one fast step: slowly
+    assert 18.0 < t.interval_s() < 20.0
+    assert t.first_step_budget_s(FirstStep.AFTER_START) == 600.0
+    t.observe_first_step(FirstStep.AFTER_START, 400.0)
+    assert t.first_step_budget_s(FirstStep.AFTER_START) == 800.0
+    assert t.first_step_budget_s(FirstStep.AFTER_LEASE) == 2.5 * t.interval_s()

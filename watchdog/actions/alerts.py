@@ -10,7 +10,8 @@ Conditions (one alert each, deduplicated by ``node:job:condition``):
 - ``deadlock`` - verdicts ``deadlock_suspected`` and ``deadlock_confirmed`` (one alert that escalates
   from severity ``error`` to ``critical``, so a receiver sees one incident, not two);
 - ``deterministic_hang`` - the same hang signature (job + frozen step) seen again: "do not restart";
-- ``stalled_checkpoint``, ``data_starvation``, ``telemetry_lost`` - alert only, never kill.
+- ``stalled``, ``slow``, ``suspended``, ``stalled_checkpoint``, ``data_starvation``, ``telemetry_lost``
+  - alert only, never kill.
 
 Wire forms (``../shared/research/conventions.md``):
 
@@ -56,6 +57,9 @@ class Condition(StrEnum):
     STALLED_CHECKPOINT = "stalled_checkpoint"
     DATA_STARVATION = "data_starvation"
     TELEMETRY_LOST = "telemetry_lost"
+    STALLED = "stalled"
+    SLOW = "slow"
+    SUSPENDED = "suspended"
 
 
 class Status(StrEnum):
@@ -69,6 +73,9 @@ _CONDITION_OF: dict[Verdict, Condition] = {
     Verdict.STALLED_CHECKPOINT: Condition.STALLED_CHECKPOINT,
     Verdict.DATA_STARVATION: Condition.DATA_STARVATION,
     Verdict.TELEMETRY_LOST: Condition.TELEMETRY_LOST,
+    Verdict.STALLED: Condition.STALLED,
+    Verdict.SLOW: Condition.SLOW,
+    Verdict.SUSPENDED: Condition.SUSPENDED,
 }
 
 ALERT_NAMES: dict[Condition, str] = {
@@ -77,6 +84,9 @@ ALERT_NAMES: dict[Condition, str] = {
     Condition.STALLED_CHECKPOINT: "GpuTrainingStalledCheckpoint",
     Condition.DATA_STARVATION: "GpuTrainingDataStarvation",
     Condition.TELEMETRY_LOST: "GpuTelemetryLost",
+    Condition.STALLED: "GpuTrainingStalled",
+    Condition.SLOW: "GpuTrainingSlow",
+    Condition.SUSPENDED: "GpuTrainingSuspended",
 }
 
 #: The Alertmanager ``severity`` label of each condition (fixed per alert: labels identify it).
@@ -86,6 +96,9 @@ LABEL_SEVERITY: dict[Condition, str] = {
     Condition.STALLED_CHECKPOINT: "warning",
     Condition.DATA_STARVATION: "warning",
     Condition.TELEMETRY_LOST: "warning",
+    Condition.STALLED: "warning",
+    Condition.SLOW: "info",
+    Condition.SUSPENDED: "info",
 }
 
 
@@ -265,6 +278,9 @@ def _summary(
         Condition.STALLED_CHECKPOINT: "stalled checkpoint",
         Condition.DATA_STARVATION: f"data starvation ({job.cause or 'cause unknown'})",
         Condition.TELEMETRY_LOST: "GPU telemetry lost",
+        Condition.STALLED: f"no progress, no proof of a hang ({job.cause or 'cause unknown'})",
+        Condition.SLOW: f"slow ({job.cause or 'past its budget while working'})",
+        Condition.SUSPENDED: "suspended (a rank is stopped)",
     }[condition]
     return f"{what}: job {job.job} on {node}{at} ({len(job.ranks)} ranks, {gpu_text}) {lasting}"
 

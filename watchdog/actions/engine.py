@@ -11,9 +11,11 @@ engine first saw the verdict; the SIGTERM delay from when it first saw ``deadloc
    ``max_kills_per_hour`` over a rolling hour, persisted) - or run ``kill_hook`` instead;
 4. **SIGKILL** what is still alive ``sigkill_grace_s`` later (still mode ``kill``).
 
-``stalled_checkpoint``, ``data_starvation`` and ``telemetry_lost`` alert (rung 2) but never capture or
-kill. When the verdict clears (``healthy``, ``checkpoint``) or the job has been gone for
-``JOB_GONE_AFTER_S``, the alert is resolved. A hang whose signature (job + the step its ranks froze at)
+``stalled`` captures evidence and alerts; ``slow``, ``suspended``, ``stalled_checkpoint``,
+``data_starvation`` and ``telemetry_lost`` alert (rung 2). None of them ever kills: SIGTERM needs
+``deadlock_confirmed`` *and* the job status's ``kill_worthy`` (positive evidence of a hang). When the
+verdict clears (``healthy``, ``checkpoint``) or the job has been gone for ``JOB_GONE_AFTER_S``, the
+alert is resolved. A hang whose signature (job + the step its ranks froze at)
 was seen in an earlier episode is a **deterministic hang**: the alert is the distinct
 ``deterministic_hang`` page ("do not restart") and no signal is sent.
 
@@ -481,7 +483,8 @@ class ActionEngine:
     ) -> None:
         a = self.actions
         elapsed = now - ep.first_seen
-        if ep.condition is Condition.DEADLOCK and ep.capture_state is None and elapsed >= a.capture_after_s:
+        capture = ep.condition in (Condition.DEADLOCK, Condition.STALLED)
+        if capture and ep.capture_state is None and elapsed >= a.capture_after_s:
             self._capture(ep, job, now, mode, procs, gpus, progress_dir, records)
         if mode in (Mode.ALERT, Mode.KILL) and elapsed >= a.alert_after_s:
             self._alert(ep, job, now, mode, gpus, silences, records)
@@ -490,6 +493,7 @@ class ActionEngine:
             and not ep.kill_started
             and ep.confirmed_seen is not None
             and job.verdict == Verdict.DEADLOCK_CONFIRMED
+            and job.kill_worthy
             and now - ep.confirmed_seen >= a.sigterm_after_s
         ):
             self._kill(ep, job, now, mode, procs, gpus, records)
@@ -1046,12 +1050,10 @@ class ActionEngine:
 
 
 def _targets(job: JobStatus, procs: Sequence[RankProcess]) -> tuple[RankTarget, ...]:
-    """The job's live rank processes (the inspector's view; else the ranks the detector lists)."""
-    if procs:
-        return tuple(RankTarget(p.rank, p.pid, p.gpu) for p in procs if p.alive)
-    return tuple(
-        RankTarget(r.rank, r.pid, r.gpu) for r in job.ranks if r.pid is not None and r.alive is not False
-    )
+    """The job's live rank processes that the inspector tied to it by proof (a rank environment, a GPU
+    context, a launcher parent, a progress file whose claim checked out). Never a pid taken from a
+    progress file on trust: with no proven process there is nothing to signal."""
+    return tuple(RankTarget(p.rank, p.pid, p.gpu) for p in procs if p.alive and p.proof)
 
 
 __all__ = ["AUTO", "ActionEngine"]

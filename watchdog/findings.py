@@ -1,0 +1,89 @@
+"""Typed evidence: what each signal said about one job this cycle (pure values).
+
+A :class:`Finding` is one signal's statement, with its *stance*:
+
+- ``hang``: positive evidence of a hang (steps frozen past the job's budget, every job GPU in the
+  spin band, ranks that disagree on the phase, a broken lease promise, NVLink traffic frozen);
+- ``progress``: evidence *against* a hang (steps advancing, GPUs computing, writes, a rank stopped or
+  in D-state - something else explains the silence);
+- ``context``: what limits the judgment (no progress files, ranks on other nodes, GPUs not mapped,
+  utilisation unreadable).
+
+The detector decides from findings; the verdict's evidence lists all of them, so an operator reads
+why a verdict was reached *and* what spoke against it. ``to_dict`` is the JSON form in ``/status``,
+alerts and events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Stance(StrEnum):
+    HANG = "hang"
+    PROGRESS = "progress"
+    CONTEXT = "context"
+
+
+class Signal(StrEnum):
+    # hang
+    STEPS_FROZEN = "steps_frozen"
+    SPIN_BAND = "spin_band"
+    PHASE_DISAGREEMENT = "phase_disagreement"
+    LEASE_EXPIRED = "lease_expired"
+    NVLINK_FROZEN = "nvlink_frozen"
+    ASYMMETRIC = "asymmetric"
+    # progress (against a hang)
+    STEPS_ADVANCING = "steps_advancing"
+    GPUS_WORKING = "gpus_working"
+    WRITES = "writes"
+    READS = "reads"
+    RANKS_STOPPED = "ranks_stopped"
+    RANKS_IN_D_STATE = "ranks_in_d_state"
+    LIVE_LEASE = "live_lease"
+    # context
+    NO_WRITES = "no_writes"
+    NO_PROGRESS_FILES = "no_progress_files"
+    NO_GPU_TELEMETRY = "no_gpu_telemetry"
+    UNSEEN_RANKS = "unseen_ranks"
+    GPUS_UNMAPPED = "gpus_unmapped"
+    UTILIZATION_UNREADABLE = "utilization_unreadable"
+    FIRST_STEP = "first_step"
+    UNTRUSTED_PROGRESS_FILE = "untrusted_progress_file"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    signal: Signal
+    stance: Stance
+    detail: str
+    since: float | None = None
+    ranks: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"signal": str(self.signal), "stance": str(self.stance), "detail": self.detail}
+        if self.since is not None:
+            out["since"] = self.since
+        if self.ranks:
+            out["ranks"] = list(self.ranks)
+        if self.gpus:
+            out["gpus"] = list(self.gpus)
+        return out
+
+
+def hang(signal: Signal, detail: str, since: float | None = None, **kw: Any) -> Finding:
+    return Finding(signal, Stance.HANG, detail, since, **kw)
+
+
+def progress(signal: Signal, detail: str, since: float | None = None, **kw: Any) -> Finding:
+    return Finding(signal, Stance.PROGRESS, detail, since, **kw)
+
+
+def context(signal: Signal, detail: str, since: float | None = None, **kw: Any) -> Finding:
+    return Finding(signal, Stance.CONTEXT, detail, since, **kw)
+
+
+__all__ = ["Finding", "Signal", "Stance", "context", "hang", "progress"]
