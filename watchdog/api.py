@@ -135,6 +135,7 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["gpus"] = [gpu_document(g) for g in snapshot.gpus]
     document["jobs"] = [job_document(j) for j in snapshot.jobs]
     document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
+    document["stacks"] = _plain(snapshot.stacks)
     return document
 
 
@@ -206,6 +207,11 @@ class StatusDoc(_Doc):
     jobs: list[JobDoc]
     untrusted_progress_files: list[dict[str, Any]] = Field(
         description="Progress files not believed (another owner, or a pid that is not the rank it claims)"
+    )
+    stacks: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Stack sampler (py-spy): state (available, py_spy_missing, ptrace_denied, disabled), "
+        "cpu_s_last_min against budget_cpu_s_per_min, dump counters; per-job stacks are in the job evidence",
     )
 
 

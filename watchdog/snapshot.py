@@ -92,3 +92,6 @@ class Snapshot:
     version: str = ""
     untrusted_progress_files: tuple[dict[str, Any], ...] = ()
     """Progress files not believed this cycle: never a verdict input, never a kill target."""
+    stacks: dict[str, Any] = field(default_factory=dict)
+    """The stack sampler's status: state (available, py_spy_missing, ptrace_denied, disabled), its
+    CPU spend over the last minute against its budget, dump counters."""
