@@ -22,6 +22,7 @@ BENCHES = {
     "gate": "benchmarks.bench_gate",
     "trainer": "benchmarks.bench_trainer",
     "verdicts": "benchmarks.bench_verdicts",
+    "stacks": "benchmarks.bench_stacks",
 }
 
 

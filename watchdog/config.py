@@ -389,7 +389,7 @@ class StacksConfig:
         default=60.0, metadata=meta(number(1, 86400), "dump interval of a job whose steps advance")
     )
     blind_interval_s: float = field(
-        default=10.0, metadata=meta(number(1, 86400), "dump interval of a job without progress files")
+        default=5.0, metadata=meta(number(1, 86400), "dump interval of a job without progress files")
     )
     suspect_interval_s: float = field(
         default=3.0, metadata=meta(number(0.5, 3600), "dump interval on suspicion")
@@ -400,7 +400,7 @@ class StacksConfig:
     )
     max_parallel: int = field(default=2, metadata=meta(integer(1, 16), "jobs dumped at the same time"))
     frozen_s: float = field(
-        default=30.0, metadata=meta(number(1, 86400), "a stack unchanged this long is frozen")
+        default=20.0, metadata=meta(number(1, 86400), "a stack unchanged this long is frozen")
     )
     min_samples: int = field(
         default=4, metadata=meta(integer(2, 1000), "dumps in a row a frozen stack must span")

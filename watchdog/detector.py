@@ -102,7 +102,7 @@ class DetectorConfig:
     """How fast the learned step interval comes down (it goes up at once)."""
     cpu_contention_ratio: float = 0.9
     """A starving rank using this share of a core is CPU-bound (cause cpu_contention)."""
-    stacks_frozen_s: float = 30.0
+    stacks_frozen_s: float = 20.0
     """Stack evidence ([stacks] in the config file): a rank's stack unchanged this long is frozen."""
     stacks_min_samples: int = 4
     stacks_fresh_s: float = 30.0

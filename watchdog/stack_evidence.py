@@ -32,7 +32,7 @@ from gpu_triage.stacks import AVAILABLE, StackPattern, StackPhase, StackSummary,
 
 @dataclass(frozen=True, slots=True)
 class StackEvidenceConfig:
-    frozen_s: float = 30.0
+    frozen_s: float = 20.0
     min_samples: int = 4
     fresh_s: float = 30.0
     checkpoint_max_s: float = 1800.0

@@ -5,7 +5,7 @@ The loop calls :meth:`StackSampler.request` each process period with a job's ``{
 sampler decides whether that job is due:
 
 - ``healthy_interval_s`` (60 s) for a job whose steps advance (the stacks are then only context);
-- ``blind_interval_s`` (10 s) for a job with no progress files (stacks are its only liveness evidence);
+- ``blind_interval_s`` (5 s) for a job with no progress files (stacks are its only liveness evidence);
 - ``suspect_interval_s`` (3 s) when the loop says so (``urgent``: a verdict other than healthy) or
   the last dump put a rank in a collective, a save or a stack that has not changed - the moments
   when a second dump decides between a hang and a wait.
@@ -67,7 +67,7 @@ class SamplerConfig:
     """A path, or ``auto``: PATH, then beside the running interpreter."""
     nonblocking: bool = True
     healthy_interval_s: float = 60.0
-    blind_interval_s: float = 10.0
+    blind_interval_s: float = 5.0
     suspect_interval_s: float = 3.0
     timeout_s: float = 5.0
     budget_cpu_s_per_min: float = 3.0

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, require_binary
 from tests.watchdog.test_daemon import GPU_WATCHDOG, free_port, stop, wait_for
@@ -161,7 +162,15 @@ def test_plain_deepspeed_epoch_end_deadlock_is_kill_worthy_from_stacks_alone(tmp
         assert doc["mode"] == "observe"
         assert doc["stacks"]["state"] == "available" and doc["stacks"]["dumps_total"] > 0
         metrics = httpx.get(f"{url}/metrics", timeout=5).text
-        assert f'gpu_watchdog_rank_stack_phase{{job="{name}",rank="1",phase="collective"}} 1.0' in metrics
+        phases = {
+            (s.labels["rank"], s.labels["phase"]): s.value
+            for fam in text_string_to_metric_families(metrics)
+            if fam.name == "gpu_watchdog_rank_stack_phase"
+            for s in fam.samples
+            if s.labels.get("job") == name
+        }
+        assert phases[("0", "collective")] == phases[("1", "collective")] == 1.0, phases
+        assert phases[("1", "checkpoint")] == 0.0
     finally:
         _kill(procs)
         stop(daemon)

@@ -1,0 +1,288 @@
+"""Stack evidence: py-spy dumps classified (real dumps of the plain DeepSpeed job's epoch-end deadlock,
+and dumps shaped like py-spy's for saves, eval, data waits), the ranks compared, the detector's K6 and
+stack-in-save rules, and the sampler running the real py-spy against a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_triage.detector import Detector, JobView, RankView
+from gpu_triage.findings import Signal
+from gpu_triage.stack_sampler import DumpResult, SamplerConfig, StackSampler, find_py_spy
+from gpu_triage.stacks import (
+    RankStack,
+    StackError,
+    StackPhase,
+    StackSummary,
+    classify,
+    parse_dump,
+    stack_pattern,
+)
+from gpu_triage.states import Verdict
+from tests.conftest import in_ci
+
+DUMPS = Path(__file__).parent / "stack_dumps"
+SP = "/venv/lib/python3.11/site-packages/"
+
+
+def dump(*frames: tuple[str, str, int], thread: str = "MainThread") -> str:
+    """A py-spy ``dump --json`` document with one thread, innermost frame first."""
+    return json.dumps(
+        [
+            {
+                "pid": 1,
+                "thread_id": 1,
+                "thread_name": thread,
+                "os_thread_id": 1,
+                "active": False,
+                "owns_gil": False,
+                "frames": [
+                    {
+                        "name": n,
+                        "filename": f,
+                        "module": None,
+                        "short_filename": f,
+                        "line": ln,
+                        "locals": None,
+                    }
+                    for n, f, ln in frames
+                ],
+            }
+        ]
+    )
+
+
+USER = ("main", "/home/u/train.py", 40)
+
+
+def test_real_deadlock_dumps_name_the_collective_and_the_call_site():
+    r0 = classify(parse_dump((DUMPS / "deepspeed_epoch_end_rank0_barrier.json").read_bytes()))
+    r1 = classify(parse_dump((DUMPS / "deepspeed_epoch_end_rank1_reduce_scatter.json").read_bytes()))
+    assert (r0.phase, r0.op) == (StackPhase.COLLECTIVE, "barrier")
+    assert r0.call_site is not None and r0.call_site.endswith("plain_deepspeed.py:80 main")
+    assert (r1.phase, r1.op) == (StackPhase.COLLECTIVE, "reduce_scatter_tensor")
+    assert r1.call_site is not None and "plain_deepspeed.py" in r1.call_site
+    assert r0.fingerprint != r1.fingerprint
+
+
+def test_a_save_wins_over_its_barrier_and_eval_over_its_gather():
+    waiting = classify(
+        parse_dump(
+            dump(
+                ("barrier", SP + "torch/distributed/distributed_c10d.py", 5356),
+                ("barrier", SP + "deepspeed/comm/comm.py", 400),
+                ("DeepSpeedEngine.save_checkpoint", SP + "deepspeed/runtime/engine.py", 4966),
+                USER,
+            )
+        )
+    )
+    assert (waiting.phase, waiting.op) == (StackPhase.CHECKPOINT, "DeepSpeedEngine.save_checkpoint")
+    hf = classify(
+        parse_dump(
+            dump(
+                ("save_file", SP + "safetensors/torch.py", 286),
+                ("Trainer._save_checkpoint", SP + "transformers/trainer.py", 3100),
+                ("Trainer._inner_training_loop", SP + "transformers/trainer.py", 2500),
+                USER,
+            )
+        )
+    )
+    assert hf.phase is StackPhase.CHECKPOINT
+    ev = classify(
+        parse_dump(
+            dump(
+                ("all_gather", SP + "torch/distributed/distributed_c10d.py", 3000),
+                ("Trainer.evaluation_loop", SP + "transformers/trainer.py", 4100),
+                USER,
+            )
+        )
+    )
+    assert ev.phase is StackPhase.EVAL
+    data = classify(
+        parse_dump(
+            dump(
+                ("_MultiProcessingDataLoaderIter._get_data", SP + "torch/utils/data/dataloader.py", 1100),
+                ("_BaseDataLoaderIter.__next__", SP + "torch/utils/data/dataloader.py", 700),
+                USER,
+            )
+        )
+    )
+    assert (data.phase, data.op) == (StackPhase.DATA, "DataLoader")
+    bwd = classify(parse_dump(dump(("_engine_run_backward", SP + "torch/autograd/graph.py", 825), USER)))
+    assert bwd.phase is StackPhase.BACKWARD
+    assert classify(parse_dump(dump(USER))).phase is StackPhase.OTHER
+
+
+def test_another_thread_in_a_collective_counts_when_the_main_thread_only_waits():
+    doc = json.loads(dump(("Event.wait", "/usr/lib/python3.11/threading.py", 600), USER))
+    doc += json.loads(
+        dump(
+            ("all_reduce", SP + "torch/distributed/distributed_c10d.py", 2000),
+            ("run", "/x/w.py", 3),
+            thread="w",
+        )
+    )
+    assert classify(parse_dump(json.dumps(doc))).phase is StackPhase.COLLECTIVE
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"not json", "not JSON"),
+        (b'{"frames": []}', "expected a list"),
+        (b'[{"thread_name": "x"}]', "no 'frames' list"),
+        (b"[" + b" " * (5 << 20) + b"]", "more than"),
+    ],
+)
+def test_hostile_dumps_are_refused_with_a_reason(data: bytes, message: str):
+    with pytest.raises(StackError, match=message):
+        parse_dump(data)
+
+
+def _rank(rank: int, frames, at: float, since: float, samples: int) -> RankStack:
+    return RankStack(rank, 100 + rank, classify(parse_dump(dump(*frames))), at, since, samples)
+
+
+ALLREDUCE = (("all_reduce", SP + "torch/distributed/distributed_c10d.py", 2000), USER)
+BARRIER = (("barrier", SP + "torch/distributed/distributed_c10d.py", 5356), ("main", "/home/u/train.py", 90))
+SAVING = (("DeepSpeedEngine.save_checkpoint", SP + "deepspeed/runtime/engine.py", 4966), USER)
+
+
+def test_pattern_names_the_minority_waiting_elsewhere():
+    ranks = {r: _rank(r, ALLREDUCE, 100.0, 50.0, 6) for r in (0, 1, 2)}
+    ranks[3] = _rank(3, BARRIER, 100.0, 50.0, 6)
+    p = stack_pattern(ranks, now=101.0, fresh_s=30.0, frozen_s=30.0)
+    assert p.all_frozen_in_collective and p.different and p.odd == (3,)
+    assert p.frozen_since == 50.0
+
+
+def _job(stacks: StackSummary | None, cpu: float = 0.0, world: int | None = None) -> JobView:
+    ranks = tuple(
+        RankView(rank=r, pid=100 + r, alive=True, status="sleeping", cpu_ratio=cpu, proven=True)
+        for r in (0, 1)
+    )
+    return JobView("plain", ranks, has_progress=False, world_size=world, stacks=stacks)
+
+
+def _summary(frames0, frames1, now: float, since: float, world: int = 2) -> StackSummary:
+    n = max(1, int((now - since) // 3) + 1)
+    return StackSummary({0: _rank(0, frames0, now, since, n), 1: _rank(1, frames1, now, since, n)}, world)
+
+
+def _drive(make, until: float, cpu: float = 0.0):
+    det = Detector()
+    out = []
+    for t in range(0, int(until) + 1):
+        st = det.update(float(t), [], [_job(make(float(t)), cpu=cpu)], telemetry_ok=False)[0]
+        out.append((t, st))
+    return out
+
+
+def test_every_rank_frozen_in_collectives_and_asleep_is_kill_worthy_from_stacks_alone():
+    out = _drive(lambda t: _summary(BARRIER, ALLREDUCE, t, 0.0), 60)
+    hung = [(t, s) for t, s in out if s.kill_worthy]
+    assert hung, [s.verdict for _, s in out]
+    t, st = hung[0]
+    assert 20 <= t <= 25 and st.verdict is Verdict.DEADLOCK_SUSPECTED
+    signals = st.evidence["signals"]
+    assert str(Signal.STACKS_FROZEN) in signals and str(Signal.RANKS_ASLEEP) in signals
+    assert str(Signal.STACKS_DIVERGED) in signals  # barrier vs all_reduce at another call site
+    assert "rank 0: collective barrier @" in st.evidence["stacks_where"]
+
+
+def test_frozen_stacks_with_busy_host_threads_are_stalled_never_kill_worthy():
+    out = _drive(lambda t: _summary(ALLREDUCE, ALLREDUCE, t, 0.0), 90, cpu=1.0)
+    assert not any(s.kill_worthy for _, s in out)
+    assert out[-1][1].verdict is Verdict.STALLED
+    assert out[-1][1].cause.startswith("stacks_frozen:")
+
+
+def test_a_rank_inside_a_save_is_checkpoint_and_a_cap_makes_it_stalled_checkpoint():
+    out = _drive(lambda t: _summary(SAVING, BARRIER, t, 0.0), 1900)
+    assert not any(
+        s.kill_worthy or s.verdict in (Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED) for _, s in out
+    )
+    assert out[100][1].verdict is Verdict.CHECKPOINT
+    assert out[-1][1].verdict is Verdict.STALLED_CHECKPOINT
+
+
+def test_ranks_of_the_world_not_seen_here_keep_frozen_stacks_from_being_proof():
+    def make(t: float) -> StackSummary:
+        s = _summary(BARRIER, BARRIER, t, 0.0, world=4)
+        return s
+
+    out = _drive(make, 90)
+    assert not any(s.kill_worthy for _, s in out)
+    assert out[-1][1].verdict is Verdict.STALLED
+    assert "other node" in out[-1][1].evidence["not_kill_worthy_because"]
+
+
+# -- the sampler ---------------------------------------------------------------------------------
+
+
+def _py_spy() -> str:
+    found = find_py_spy("auto")
+    if found is None:
+        if in_ci():
+            pytest.fail("py-spy is missing (the [daemon] extra installs it)")
+        pytest.skip("py-spy is not installed")
+    return found
+
+
+def test_sampler_dumps_a_real_process_and_reports_its_cost(tmp_path: Path):
+    _py_spy()
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\n\ndef wait_here():\n    time.sleep(600)\n\nwait_here()\n")
+    proc = subprocess.Popen([sys.executable, str(script)])
+    try:
+        time.sleep(0.5)
+        sampler = StackSampler(SamplerConfig(healthy_interval_s=60.0))
+        assert sampler.request(0.0, "j", {0: proc.pid})
+        assert sampler.wait_idle(30)
+        assert not sampler.request(1.0, "j", {0: proc.pid})  # not due yet
+        summary = sampler.summary("j")
+        assert summary is not None and 0 in summary.ranks, summary
+        info = summary.ranks[0].info
+        assert info.phase is StackPhase.OTHER and "wait_here" in " ".join(info.top)
+        status = sampler.status()
+        assert status["state"] == "available" and status["dumps_total"] == 1
+        assert status["failures_total"] == 0 and status["cpu_s_last_min"] >= 0.0
+        sampler.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_missing_py_spy_is_reported_and_sampling_carries_on_without_it(tmp_path: Path):
+    sampler = StackSampler(SamplerConfig(py_spy=str(tmp_path / "no-such-py-spy")))
+    assert sampler.status()["state"] == "py_spy_missing"
+    assert not sampler.request(0.0, "j", {0: 1})
+    assert sampler.summary("j") is None
+
+
+def test_denied_ptrace_is_reported_and_stops_sampling():
+    denied = DumpResult(1, b"", "Error: Permission denied (os error 13)\n", 0.001, 0.01)
+    sampler = StackSampler(SamplerConfig(), runner=lambda _b, _pid: denied)
+    assert sampler.request(0.0, "j", {0: 10, 1: 11})
+    assert sampler.wait_idle(10)
+    st = sampler.status()
+    assert st["state"] == "ptrace_denied" and "Permission denied" in st["detail"]
+    assert not sampler.request(100.0, "j", {0: 10, 1: 11})
+
+
+def test_the_budget_holds_back_dumps_and_counts_them():
+    ok = DumpResult(0, dump(*ALLREDUCE).encode(), "", 2.0, 0.01)
+    sampler = StackSampler(SamplerConfig(budget_cpu_s_per_min=3.0), runner=lambda _b, _pid: ok)
+    assert sampler.request(0.0, "j", {0: 10})
+    assert sampler.wait_idle(10)
+    # in a collective: suspicious, due after 3 s; 2 CPU-s spent of 3: one more urgent dump fits
+    assert sampler.request(3.0, "j", {0: 10})
+    assert sampler.wait_idle(10)
+    assert not sampler.request(6.0, "j", {0: 10})
+    assert sampler.status()["skipped_budget_total"] == 1
