@@ -220,3 +220,18 @@ def test_endpoints() -> None:
     assert endpoint("alertmanager", "http://am:9093") == "http://am:9093/api/v2/alerts"
     assert endpoint("alertmanager", "http://am:9093/api/v2/alerts") == "http://am:9093/api/v2/alerts"
     assert endpoint("pagerduty", "https://events.pagerduty.com/v2/enqueue").endswith("/v2/enqueue")
+
+
+def test_alert_names_where_each_rank_waits_from_its_stack() -> None:
+    from dataclasses import replace
+
+    where = "rank 0: collective barrier @ t.py:80 main; rank 1: collective all_gather @ t.py:52 step"
+    job = _deadlock()
+    job = replace(job, evidence={**job.evidence, "stacks_where": where})
+    alert = build_alert(job, node="node-a", condition=Condition.DEADLOCK, now=T0, first_seen=T0 - 60)
+    assert f"stacks: {where}" in alert.description
+    item = alertmanager_payload([alert], now=T0, resend_interval_s=60.0)[0]
+    assert item["annotations"]["stacks"] == where
+    plain = build_alert(_deadlock(), node="node-a", condition=Condition.DEADLOCK, now=T0, first_seen=T0 - 60)
+    assert "stacks:" not in plain.description
+    assert "stacks" not in alertmanager_payload([plain], now=T0, resend_interval_s=60.0)[0]["annotations"]

@@ -345,6 +345,7 @@ def build_alert(
         f"GPUs: {_ranges(job_gpu_ids) or 'none mapped'}",
         f"GPU-hours burned since onset: {burned:g}",
         f"signals: {', '.join(signals) or 'none'}",
+        *([f"stacks: {job.evidence['stacks_where']}"] if job.evidence.get("stacks_where") else []),
         f"runbook: {runbook}",
         f"evidence bundle: {bundle or 'not captured'}",
     ]
@@ -442,6 +443,7 @@ def alertmanager_payload(
             "gpus": _ranges(a.gpus),
             "signals": ",".join(a.signals),
             "evidence": json.dumps(a.evidence, sort_keys=True, separators=(",", ":")),
+            "stacks": str(a.evidence.get("stacks_where") or ""),
             "bundle": a.bundle or "",
         }
         item: dict[str, Any] = {
