@@ -408,7 +408,7 @@ class Daemon:
                 now,
                 j.job,
                 pids,
-                urgent=prev is not None and prev is not Verdict.HEALTHY,
+                urgent=prev is not None and prev not in (Verdict.HEALTHY, Verdict.CHECKPOINT),
                 blind=not j.has_progress,
                 world_size=world,
             )

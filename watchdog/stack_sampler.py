@@ -6,9 +6,9 @@ sampler decides whether that job is due:
 
 - ``healthy_interval_s`` (60 s) for a job whose steps advance (the stacks are then only context);
 - ``blind_interval_s`` (5 s) for a job with no progress files (stacks are its only liveness evidence);
-- ``suspect_interval_s`` (3 s) when the loop says so (``urgent``: a verdict other than healthy) or
-  the last dump put a rank in a collective, a save or a stack that has not changed - the moments
-  when a second dump decides between a hang and a wait.
+- ``suspect_interval_s`` (3 s) when the loop says so (``urgent``: a verdict other than healthy) or,
+  for a job without progress files, the last dump put a rank in a collective, a save or a stack
+  that has not changed - the moments when a second dump decides between a hang and a wait.
 
 Dumps run ``py-spy dump --json`` (with ``--nonblocking`` by default: a blocking dump stops every
 thread of the rank while it reads, milliseconds on a large PyTorch process) on a small thread pool,
@@ -213,7 +213,9 @@ class StackSampler:
             j.pids = dict(pids)
             if j.in_flight:
                 return False
-            suspicious = urgent or self._suspicious(j)
+            # a job whose steps advance is only suspicious when the loop says so; a job without
+            # progress files also when its last dump found a rank waiting or an unchanged stack
+            suspicious = urgent or (blind and self._suspicious(j))
             interval = (
                 cfg.suspect_interval_s
                 if suspicious

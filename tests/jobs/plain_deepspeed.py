@@ -9,7 +9,8 @@ ZeRO-3 gradient reduce-scatter (its backward). Neither ever returns.
 
 MODE ``slow_save``: both ranks train 2 steps, then ``engine.save_checkpoint``; rank 0's storage is
 slow (its writes are throttled to take ``SLOW_SAVE_S`` seconds, 150 by default) while rank 1 has
-written its shard and waits in the save's final barrier. Then both finish and exit 0.
+written its shard and waits in the save's collective (ZeRO-3's epilogue all-gather, then the
+final barrier). Then both finish and exit 0.
 
 Each rank writes ``OUT_DIR/ready-<rank>`` once DeepSpeed is initialised and
 ``OUT_DIR/epoch-end-<rank>`` at its epoch end.

@@ -4,7 +4,7 @@ watched by the real daemon (``gpu-watchdog run --source none``, a subprocess) wi
 
 - deadlocked at epoch end: a kill-worthy verdict from the stacks alone within 60 s of the onset,
   naming where each rank waits; in observe mode nothing is signalled;
-- saving slowly (rank 0 writes for minutes, rank 1 waits in the save's barrier): ``checkpoint``,
+- saving slowly (rank 0 writes for minutes, rank 1 waits in the save's collective): ``checkpoint``,
   never suspected - also when the writer is invisible to the daemon (the daemon and rank 1 run in
   their own PID namespace, rank 0 outside it: a writer on another node).
 """
@@ -227,7 +227,7 @@ def test_plain_deepspeed_slow_save_is_checkpoint_never_suspected(tmp_path: Path,
         procs.append(daemon)
         name = f"master-127.0.0.1:{master}"
         _wait_file(out / "epoch-end-0", procs, logs)
-        _wait_file(out / "saved-1", procs, logs)  # rank 1 has written its shard, waits in the barrier
+        _wait_file(out / "epoch-end-1", procs, logs)  # both enter save_checkpoint; rank 1 then waits
         seen = _watch_save(url, name, out / "saved-0", procs, logs, 400)
         assert (out / "saved-0").exists(), "the writer never finished:\n" + log0.read_text()[-3000:]
         assert "checkpoint" in seen, seen

@@ -279,10 +279,21 @@ def test_denied_ptrace_is_reported_and_stops_sampling():
 def test_the_budget_holds_back_dumps_and_counts_them():
     ok = DumpResult(0, dump(*ALLREDUCE).encode(), "", 2.0, 0.01)
     sampler = StackSampler(SamplerConfig(budget_cpu_s_per_min=3.0), runner=lambda _b, _pid: ok)
-    assert sampler.request(0.0, "j", {0: 10})
+    assert sampler.request(0.0, "j", {0: 10}, blind=True)
     assert sampler.wait_idle(10)
-    # in a collective: suspicious, due after 3 s; 2 CPU-s spent of 3: one more urgent dump fits
-    assert sampler.request(3.0, "j", {0: 10})
+    # no progress files and a rank in a collective: suspicious, due after 3 s; 2 CPU-s spent of 3:
+    # one more urgent dump fits, then the budget holds the next back
+    assert sampler.request(3.0, "j", {0: 10}, blind=True)
     assert sampler.wait_idle(10)
-    assert not sampler.request(6.0, "j", {0: 10})
+    assert not sampler.request(6.0, "j", {0: 10}, blind=True)
     assert sampler.status()["skipped_budget_total"] == 1
+    # a job whose steps advance is dumped on the healthy schedule whatever its last stack said
+    assert not sampler.request(70.0, "k", {}, blind=False)
+    calm = StackSampler(SamplerConfig(budget_cpu_s_per_min=30.0), runner=lambda _b, _pid: ok)
+    assert calm.request(0.0, "k", {0: 10})
+    assert calm.wait_idle(10)
+    assert not calm.request(3.0, "k", {0: 10})
+    assert not calm.request(59.0, "k", {0: 10})
+    assert calm.request(60.0, "k", {0: 10})
+    assert calm.wait_idle(10)
+    assert calm.request(63.0, "k", {0: 10}, urgent=True)
