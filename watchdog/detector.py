@@ -218,6 +218,8 @@ class _JobMemory:
     excused_at: float | None = None
     asleep_since: float | None = None
     """Since when every rank's host CPU has been idle (stack evidence)."""
+    save_seen_at: float | None = None
+    """The last time a rank's stack was inside a save: power-only time counts from there."""
     """The last time a rank was stopped or in D-state: frozen time restarts from there (a suspended
     or storage-stalled job that resumes owes no step for the time it could not run)."""
 
@@ -437,6 +439,8 @@ class Detector:
         alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
         sf = stack_facts(now, job.stacks, alive, job.world_size, self.config.stacks(), mem.asleep_since)
         mem.asleep_since = sf.asleep_since if sf is not None else None
+        if sf is not None and sf.in_save:
+            mem.save_seen_at = now
         return sf
 
     # -- budgets ---------------------------------------------------------------------------------
@@ -571,7 +575,7 @@ class Detector:
             and not job.has_progress
             and spun
             and f.spin_since is not None
-            and now - f.spin_since >= cfg.power_only_after_s
+            and now - max(f.spin_since, mem.save_seen_at or 0.0) >= cfg.power_only_after_s
             and all(r.alive is not False for r in job.ranks)
         ):
             return f.spin_since, [str(Signal.SPIN_BAND), str(Signal.NO_WRITES), str(Signal.NO_PROGRESS_FILES)]
@@ -618,7 +622,12 @@ class Detector:
             else:
                 verdict, signals = Verdict.CHECKPOINT, (str(Signal.STACK_IN_SAVE),)
             return _Decision(verdict, self._keep_onset(mem, verdict, sf.save_since), None, signals)
-        if sf.frozen and sf.frozen_since is not None and not (job.has_progress and f.train):
+        if (
+            sf.frozen
+            and sf.frozen_since is not None
+            and not (job.has_progress and f.train)
+            and self._vetoed(f) is None  # GPUs working, writes: the same line sampled, not a freeze
+        ):
             why = self._why_not(job, f)
             if not sf.complete:
                 why = "stacks of only some ranks of the world: another node's rank may be saving"
@@ -728,8 +737,10 @@ class Detector:
         if not (alive and not f.writing and f.usable):
             mem.asymmetric_since = None
             return None
-        if f.spin_all and f.spin_since is not None and now - f.spin_since >= cfg.power_only_after_s:
-            return f.spin_since, "spin_band_without_progress_files", [str(Signal.SPIN_BAND)], False
+        # a save seen in the stacks explains the spin until it ended
+        spin_since = max(f.spin_since or 0.0, mem.save_seen_at or 0.0) if f.spin_since is not None else None
+        if f.spin_all and spin_since is not None and now - spin_since >= cfg.power_only_after_s:
+            return spin_since, "spin_band_without_progress_files", [str(Signal.SPIN_BAND)], False
         # asymmetric: most job GPUs spin while the rest do something else (a busy loop, or idle)
         odd = [g for g in f.job_gpus if g.state is not GpuState.CHECKPOINT_OR_DEADLOCK]
         if len(f.job_gpus) >= 2 and f.waiting and 0 < len(odd) * 2 < len(f.job_gpus):

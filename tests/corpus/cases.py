@@ -777,13 +777,69 @@ def hang_cases() -> list[Case]:
     ]
 
 
+SP = "/usr/lib/python3/dist-packages/"
+IN_SAVE = (
+    ("barrier", SP + "torch/distributed/distributed_c10d.py", 5356),
+    ("DeepSpeedEngine.save_checkpoint", SP + "deepspeed/runtime/engine.py", 4966),
+    ("main", "/home/user/train.py", 120),
+)
+IN_ALLREDUCE = (
+    ("all_reduce", SP + "torch/distributed/distributed_c10d.py", 2800),
+    ("DistributedDataParallel._sync", SP + "torch/nn/parallel/distributed.py", 1500),
+    ("main", "/home/user/train.py", 88),
+)
+
+
+def stack_cases() -> list[Case]:
+    """Jobs without progress files whose ranks' stacks the sampler reads (py-spy)."""
+    return [
+        Case(
+            "remote-save-no-progress-files-stacks",
+            "save",
+            node(progress=False, world_size=16),
+            script(
+                BOOT,
+                TRAIN,
+                (300.0, lambda w: (hang(w), w.set(stack=IN_SAVE))),
+                (900.0, lambda w: (train(w), w.set(stack=None))),
+            ),
+            1100,
+            Expect("healthy", allowed=frozenset({V.HEALTHY, V.CHECKPOINT})),
+            onset_s=300,
+            describe="8 of 16 ranks here, the writer on another node, no integration: every local GPU "
+            "spins for 600 s, but the stacks wait inside save_checkpoint - checkpoint, not even stalled",
+        ),
+        Case(
+            "hang-no-progress-files-stacks",
+            "hang",
+            node(progress=False),
+            script(BOOT, TRAIN, (400.0, lambda w: (hang(w), w.set(stack=IN_ALLREDUCE, cpu_ratio=1.0)))),
+            800,
+            Expect("hang", kill_worthy_within_s=45.0, alert_within_s=180.0),
+            onset_s=400,
+            describe="no integration, every rank frozen in the same all_reduce with NCCL spinning its host "
+            "thread: stacks + the spin band (K6)",
+        ),
+        Case(
+            "healthy-no-progress-files-same-stack",
+            "train",
+            node(progress=False),
+            script(BOOT, (60.0, lambda w: (train(w), w.set(stack=IN_ALLREDUCE, cpu_ratio=1.0)))),
+            900,
+            Expect("healthy", allowed=frozenset({V.HEALTHY})),
+            describe="healthy, but every dump lands in the same all_reduce line (the worst sampling luck): "
+            "working GPUs and busy host threads keep it healthy",
+        ),
+    ]
+
+
 def _flaky_hang(w: World) -> None:
     hang(w)
     w.set_gpus("flaky:spin")
 
 
 def all_cases() -> list[Case]:
-    return healthy_cases() + hang_cases()
+    return healthy_cases() + hang_cases() + stack_cases()
 
 
 __all__ = ["all_cases", "hang_cases", "healthy_cases"]

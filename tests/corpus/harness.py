@@ -17,6 +17,7 @@ Time runs in 1 s ticks (the daemon's default period); nothing sleeps.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import tempfile
@@ -30,12 +31,13 @@ from gpu_triage.actions.alerts import condition_for
 from gpu_triage.actions.engine import ActionEngine
 from gpu_triage.config import ActionsConfig, AlertsConfig
 from gpu_triage.control import SilenceBook
-from gpu_triage.detector import Detector, DetectorConfig, GpuView
+from gpu_triage.detector import Detector, DetectorConfig, GpuView, JobView
 from gpu_triage.eventstore import EventStore
 from gpu_triage.fusion import job_views
 from gpu_triage.gpu_tracker import GpuTracker
 from gpu_triage.processes import RankProcess
 from gpu_triage.progress import ProgressReader
+from gpu_triage.stacks import Frame, RankStack, StackSummary, ThreadStack, classify
 from gpu_triage.states import KILL_WORTHY_VERDICTS, Mode, Verdict
 from gpu_triage.telemetry.types import GpuSample
 
@@ -92,6 +94,10 @@ class SimRank:
     lease_scope: str | None = "job"
     proof: tuple[str, ...] = ("rank_env", "progress_file")
     next_step_at: float | None = None
+    stack: tuple[tuple[str, str, int], ...] | None = None
+    """The rank's Python stack as py-spy would dump it (innermost first; None: not sampled)."""
+    cpu_ratio: float = 0.05
+    """Host CPU share of one core (0.05: asleep in a collective or a sleep; 1.0: NCCL spinning)."""
     writer: ProgressWriter | None = None
     _written_phase: tuple[str, float | None] | None = None
     phase_started: float = 0.0
@@ -277,7 +283,7 @@ def _process(r: SimRank, gpu_pids_visible: bool) -> RankProcess:
         status=r.status if r.alive else None,
         pgid=r.pid,
         cpu_time_s=10.0,
-        cpu_time_delta_s=0.05,
+        cpu_time_delta_s=r.cpu_ratio,
         read_bytes_delta=int(r.read_bps),
         write_bytes_delta=int(r.write_bps),
         read_chars_delta=int(r.read_bps),
@@ -335,6 +341,7 @@ def run_case(case: Case) -> Result:
         plans: list[tuple[float, str, tuple[int, ...]]] = []
         main_job = world.ranks[0].job if world.ranks else ""
         alive_pids: set[int] = set(pids)
+        stacks: dict[tuple[str, int], RankStack] = {}
         try:
             tick = 0
             while tick <= case.duration_s:
@@ -357,6 +364,9 @@ def run_case(case: Case) -> Result:
                 for r in world.ranks:
                     procs.setdefault(r.job, []).append(_process(r, gpu_pids_visible=True))
                 jobs = job_views(view.jobs, {k: tuple(v) for k, v in procs.items()})
+                if tick % STACK_INTERVAL_S == 0:
+                    _sample_stacks(world, now, stacks)
+                jobs = [_with_stacks(j, world, stacks) for j in jobs]
                 gviews = [
                     GpuView(
                         g.gpu,
@@ -409,6 +419,34 @@ def run_case(case: Case) -> Result:
             jobs_seen=timeline,
             job_pids=frozenset(pids),
         )
+
+
+STACK_INTERVAL_S = 3
+"""The stack sampler's suspicion schedule (every rank dumped every 3 s)."""
+
+
+def _sample_stacks(world: World, now: float, mem: dict[tuple[str, int], RankStack]) -> None:
+    """What the sampler keeps: each rank's latest stack and since when it has not changed."""
+    for r in world.ranks:
+        key = (r.job, r.rank)
+        if r.stack is None or not r.alive:
+            mem.pop(key, None)
+            continue
+        frames = tuple(Frame(n, f, ln) for n, f, ln in r.stack)
+        info = classify([ThreadStack("MainThread", r.pid, frames)])
+        old = mem.get(key)
+        if old is not None and old.info.fingerprint == info.fingerprint:
+            mem[key] = RankStack(r.rank, r.pid, info, now, old.same_since, old.samples + 1)
+        else:
+            mem[key] = RankStack(r.rank, r.pid, info, now, now, 1)
+
+
+def _with_stacks(job: JobView, world: World, mem: dict[tuple[str, int], RankStack]) -> JobView:
+    ranks = {rank: s for (name, rank), s in mem.items() if name == job.job}
+    if not ranks:
+        return job
+    sizes = {r.world_size for r in world.job(job.job)}
+    return dataclasses.replace(job, stacks=StackSummary(ranks, sizes.pop() if len(sizes) == 1 else None))
 
 
 def _advance(r: SimRank, now: float) -> None:
