@@ -297,3 +297,44 @@ def test_the_budget_holds_back_dumps_and_counts_them():
     assert calm.request(60.0, "k", {0: 10})
     assert calm.wait_idle(10)
     assert calm.request(63.0, "k", {0: 10}, urgent=True)
+
+
+def test_the_daemon_says_in_status_and_metrics_that_py_spy_is_missing_and_carries_on(tmp_path: Path):
+    """A real sleeping rank (RANK in its environment) watched by the in-process daemon whose py-spy
+    points at a missing path: /status and the metrics say so, the job is still seen and judged."""
+    from gpu_triage.api import status_document
+    from gpu_triage.config import load_config, override
+    from gpu_triage.daemon import Daemon
+    from gpu_triage.metrics import snapshot_metrics
+    from gpu_triage.telemetry.none import NoneSource
+
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "GPU_WATCHDOG_JOB": f"spyless-{time.time_ns()}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], env={**env, "PATH": "/usr/bin"}
+    )
+    config = override(
+        load_config(None, {}),
+        {
+            "daemon.state_dir": str(tmp_path / "state"),
+            "progress.dir": str(tmp_path / "progress"),
+            "stacks.py_spy": str(tmp_path / "no-such-py-spy"),
+        },
+        origin="test",
+    )
+    daemon = Daemon(config, NoneSource(), serve_http=False)
+    daemon.start()
+    try:
+        time.sleep(0.3)
+        snap = daemon.cycle(time.time())
+        doc = status_document(snap)
+        assert doc["stacks"]["state"] == "py_spy_missing"
+        assert "no-such-py-spy" in doc["stacks"]["detail"]
+        job = next(j for j in doc["jobs"] if j["job"] == env["GPU_WATCHDOG_JOB"])
+        assert job["verdict"] == "healthy" and "stacks" not in job["evidence"]
+        fams = {f.name: f for f in snapshot_metrics(snap)}
+        sample = fams["gpu_watchdog_stack_sampler_available"].samples[0]
+        assert sample.labels == {"state": "py_spy_missing"} and sample.value == 0.0
+    finally:
+        daemon.close()
+        proc.kill()
+        proc.wait()
