@@ -428,6 +428,19 @@ class StacksConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RasConfig:
+    """NCCL RAS as live evidence: polled rarely, only while a job is under suspicion."""
+
+    enabled: bool = field(default=True, metadata=meta(boolean, "poll NCCL's RAS service on suspicion"))
+    host: str = field(default="localhost", metadata=meta(nonempty_text, "RAS address (NCCL_RAS_ADDR)"))
+    port: int = field(default=28028, metadata=meta(integer(1, 65535), "RAS port"))
+    min_interval_s: float = field(
+        default=60.0, metadata=meta(number(10, 86400), "at most one poll this often")
+    )
+    timeout_s: float = field(default=5.0, metadata=meta(number(0.5, 60), "limit of one poll"))
+
+
+@dataclass(frozen=True, slots=True)
 class EventsConfig:
     retention_days: float = field(
         default=30.0, metadata=meta(number(0, 3650, low_open=True), "age limit of events")
@@ -504,6 +517,7 @@ class Config:
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     stacks: StacksConfig = field(default_factory=StacksConfig)
+    ras: RasConfig = field(default_factory=RasConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
@@ -518,6 +532,7 @@ SECTIONS: dict[str, type] = {
     "classifier": ClassifierConfig,
     "detector": DetectorConfig,
     "stacks": StacksConfig,
+    "ras": RasConfig,
     "events": EventsConfig,
     "auth": AuthConfig,
     "actions": ActionsConfig,

@@ -35,9 +35,11 @@ from gpu_triage.gpu_tracker import GpuTracker
 from gpu_triage.processes import ProcessInspector, ProgressClaim
 from gpu_triage.progress import ProgressReader, ProgressView
 from gpu_triage.publish import SnapshotHolder
+from gpu_triage.ras_poller import RasConfig, RasPoller
 from gpu_triage.sdnotify import SdNotifier
 from gpu_triage.snapshot import JobStatus, Snapshot
 from gpu_triage.stack_sampler import SamplerConfig, StackSampler
+from gpu_triage.stacks import StackPhase
 from gpu_triage.states import Mode, Verdict
 from gpu_triage.telemetry.types import TelemetrySource
 
@@ -89,6 +91,7 @@ class Daemon:
         )
         self.detector = Detector(detector_settings(config))
         self.stacks = make_sampler(config)
+        self.ras = make_ras(config)
         self.progress = ProgressReader(
             config.progress.dir, stale_after_s=config.progress.stale_after_s, host=socket.gethostname()
         )
@@ -331,7 +334,7 @@ class Daemon:
             actions=dict(getattr(self.actions, "counters", {}) or {}),
             version=__version__,
             untrusted_progress_files=self._untrusted,
-            stacks=self.stacks.status(),
+            stacks={**self.stacks.status(), "nccl_ras": self.ras.status()},
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
@@ -399,6 +402,7 @@ class Daemon:
         hand each job its latest stacks."""
         procs = self._process_view.jobs if self._process_view is not None else {}
         out = []
+        suspicious = False
         for j in jobs:
             pids = {r.rank: r.pid for r in j.ranks if r.proven and r.alive and r.pid is not None}
             sizes = {p.world_size for p in procs.get(j.job, ()) if p.world_size is not None}
@@ -413,8 +417,14 @@ class Daemon:
                 world_size=world,
             )
             summary = self.stacks.summary(j.job)
-            out.append(replace(j, stacks=summary) if summary is not None else j)
+            waiting = summary is not None and any(
+                s.samples > 1 and s.info.phase is StackPhase.COLLECTIVE for s in summary.ranks.values()
+            )
+            suspicious = suspicious or waiting or (prev is not None and prev not in _CALM)
+            ras = self.ras.facts(set(pids.values()))
+            out.append(replace(j, stacks=summary, ras=ras))
         self.stacks.forget({j.job for j in jobs})
+        self.ras.request(now, suspicious)
         return out
 
     def _event(
@@ -461,6 +471,8 @@ class Daemon:
         if new.stacks != self.config.stacks:
             self.stacks.close()
             self.stacks = make_sampler(new)
+        if new.ras != self.config.ras:
+            self.ras = make_ras(new)
         if new.progress != self.config.progress:
             self.progress = ProgressReader(
                 new.progress.dir, stale_after_s=new.progress.stale_after_s, host=socket.gethostname()
@@ -475,6 +487,22 @@ class Daemon:
 
 def detector_settings(config: Config) -> DetectorSettings:
     return DetectorSettings(**asdict(config.detector), **config.stacks.detector_settings())
+
+
+_CALM = (Verdict.HEALTHY, Verdict.CHECKPOINT)
+
+
+def make_ras(config: Config) -> RasPoller:
+    r = config.ras
+    return RasPoller(
+        RasConfig(
+            enabled=r.enabled,
+            host=r.host,
+            port=r.port,
+            min_interval_s=r.min_interval_s,
+            timeout_s=r.timeout_s,
+        )
+    )
 
 
 def make_sampler(config: Config) -> StackSampler:

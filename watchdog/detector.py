@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_triage.findings import Finding, Signal, Stance, context, hang, progress
+from gpu_triage.ras_evidence import RasFacts
 from gpu_triage.snapshot import JobStatus, RankStatus
 from gpu_triage.stack_evidence import (
     StackEvidenceConfig,
@@ -191,6 +192,8 @@ class JobView:
     """Progress files naming this job that were not believed (path, pid, reason)."""
     stacks: StackSummary | None = None
     """The ranks' latest Python stacks (the stack sampler), None when none was taken."""
+    ras: RasFacts | None = None
+    """What NCCL's RAS service said about the job's communicators (None: not polled, not found)."""
 
 
 @dataclass
@@ -602,11 +605,17 @@ class Detector:
             onset = min(onset, f.frozen_since)
         elif spun:
             signals.append(str(Signal.SPIN_BAND))
+        elif self._ras_frozen(now, job):
+            signals.append(str(Signal.NCCL_COUNTS_FROZEN))
         elif asleep_long_enough(sf, now, self.config.stacks()):
             signals.append(str(Signal.RANKS_ASLEEP))
         else:
             return None
         return onset, [*signals, str(Signal.NO_WRITES)]
+
+    def _ras_frozen(self, now: float, job: JobView) -> bool:
+        since = job.ras.counts_frozen_since if job.ras is not None else None
+        return since is not None and now - since >= self.config.stacks_frozen_s
 
     def _stacks_not_hung(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision | None:
         """A rank's stack inside a save: ``checkpoint`` (``stalled_checkpoint`` past the cap); every
@@ -855,6 +864,14 @@ class Detector:
         for u in job.untrusted:
             out.append(context(Signal.UNTRUSTED_PROGRESS_FILE, str(u.get("reason", "")), since=None))
         out.extend(stack_findings(now, f.stacks, self.config.stacks()))
+        ras = job.ras
+        if ras is not None and ras.counts_frozen_since is not None:
+            detail = "NCCL RAS: no collective launched on the job's communicators between polls"
+            out.append(hang(Signal.NCCL_COUNTS_FROZEN, detail, ras.counts_frozen_since))
+        if ras is not None and (ras.missing or ras.behind):
+            named = [f"missing {r.name()}" for r in ras.missing] + [f"behind {r.name()}" for r in ras.behind]
+            ranks = tuple(r.rank for r in (*ras.missing, *ras.behind) if r.rank is not None)
+            out.append(hang(Signal.NCCL_MISSING_RANKS, "NCCL RAS: " + "; ".join(named[:16]), ranks=ranks))
         return out
 
     def _evidence(
@@ -895,6 +912,8 @@ class Detector:
             evidence["cause"] = d.cause
         if job.untrusted:
             evidence["untrusted_progress_files"] = [dict(u) for u in job.untrusted]
+        if job.ras is not None:
+            evidence["nccl_ras"] = job.ras.to_dict()
         if f.stacks is not None:
             evidence["stacks"] = f.stacks.to_dict()
             evidence["stacks_where"] = where(f.stacks)

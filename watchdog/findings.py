@@ -40,6 +40,10 @@ class Signal(StrEnum):
     STACKS_DIVERGED = "stacks_diverged"
     """Frozen ranks wait in different places (other collectives or call sites): the odd ranks named."""
     RANKS_ASLEEP = "ranks_asleep"
+    NCCL_COUNTS_FROZEN = "nccl_counts_frozen"
+    """NCCL RAS: no collective launched between two polls on the job's communicators."""
+    NCCL_MISSING_RANKS = "nccl_missing_ranks"
+    """NCCL RAS: ranks that did not answer, or whose launched counts are behind (named)."""
     """Every rank's host CPU idle while its stack is frozen (a rank blocked in gloo sleeps)."""
     # progress (against a hang)
     STEPS_ADVANCING = "steps_advancing"
