@@ -189,6 +189,10 @@ def test_full_bundle_from_real_ranks(tmp_path: Path, ranks: Ranks) -> None:
     dump = json.loads((path / fr_items[0]["file"]).read_text())
     assert dump["entries"][0]["collective_seq_id"] == 1201
     assert fr_items[1]["status"] == "skipped" and "not enabled" in fr_items[1]["error"]
+    # ... parsed: rank 1 left no dump
+    (analysis,) = items["flight_recorder_analysis"]
+    assert analysis["result"]["ranks_dumped"] == [0] and analysis["result"]["ranks_without_dump"] == [1]
+    assert json.loads((path / "flight-recorder" / "analysis.json").read_text())["ranks_dumped"] == [0]
     # nvidia-smi absent here: recorded, not fatal
     assert items["nvidia_smi"][0]["status"] == "skipped"
     # process tree, progress files, status

@@ -48,6 +48,7 @@ from typing import Any
 
 import psutil
 
+from gpu_triage import flight_recorder
 from gpu_triage.actions import ras
 from gpu_triage.actions.kill import CommandRunner, SubprocessRunner
 
@@ -372,6 +373,8 @@ class EvidenceCapture:
         deadline = time.monotonic() + min(req.flight_recorder_wait_s, req.timeout_s)
         out_dir = req.path / "flight-recorder"
         out_dir.mkdir(exist_ok=True)
+        parsed: dict[int, list[flight_recorder.Entry]] = {}
+        refused: dict[str, str] = {}
         for item, rank, dump, before in requested:
             started = time.monotonic()
             while time.monotonic() < deadline and _mtime(dump) == before:
@@ -391,7 +394,24 @@ class EvidenceCapture:
                     _write_atomic(out_dir / name, data)
                     item.file = f"flight-recorder/{name}"
                     item.result = {**(item.result or {}), "bytes": len(data), "dump": str(dump)}
+                    try:
+                        parsed[rank] = flight_recorder.entries(flight_recorder.load_dump(data))
+                    except flight_recorder.FlightRecorderError as e:
+                        refused[str(rank)] = str(e)
             item.duration_s += time.monotonic() - started
+        if parsed or refused:
+            world = [r.rank for r in req.ranks if r.rank is not None]
+            analysis = {**flight_recorder.compare(parsed, world), "refused": refused}
+            _write_atomic(out_dir / "analysis.json", json.dumps(analysis, indent=2).encode())
+            items.append(
+                Item(
+                    "flight_recorder_analysis",
+                    "ok",
+                    0.0,
+                    file="flight-recorder/analysis.json",
+                    result=analysis,
+                )
+            )
         return items
 
     def _poke_pipe(self, r: RankTarget) -> tuple[Item, tuple[int, Path, float | None] | None]:
