@@ -7,6 +7,8 @@ imposes on a rank.
    children* (reaped children's times), with ``[stacks] enabled = false`` (baseline) and ``true``.
    Budget: sampling adds <= 1 % of a core. Also: py-spy CPU per dump (from ``/status``) and what the
    suspicion schedule (every 3 s, all 16 ranks) would cost at that rate, against the sampler budget.
+   Healthy: a scenario of the reference node training throughout; under suspicion: the reference
+   scenario's deadlock, where the budget caps the spend.
 2. The pause: a rank process (torch imported, a busy Python loop timing itself) is dumped 20 times
    with ``--nonblocking`` (the default) and 20 times blocking; the longest gap in its loop during each
    dump, against the longest gap without dumps (baseline).
@@ -39,11 +41,11 @@ import sys, time
 from gpu_triage.config import load_config, override
 from gpu_triage.daemon import Daemon, install_signal_handlers
 from gpu_triage.telemetry.sim import SimSource
-port, state, progress, start, gpus, stacks = sys.argv[1:7]
+port, state, progress, start, gpus, stacks, scenario = sys.argv[1:8]
 config = override(load_config(None, {}), {"daemon.listen": f"127.0.0.1:{port}", "daemon.state_dir": state,
                   "daemon.period_s": 0.1, "progress.dir": progress, "stacks.enabled": stacks == "on"},
                   origin="bench")
-daemon = Daemon(config, SimSource("reference-b300", gpus=int(gpus), start_s=float(start)))
+daemon = Daemon(config, SimSource(scenario, gpus=int(gpus), start_s=float(start)))
 daemon.start()
 install_signal_handlers(daemon)
 try:
@@ -75,15 +77,32 @@ def _cpu_s(proc: psutil.Process) -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _daemon_share(stacks: str, window_s: float) -> tuple[float, dict]:
+def healthy_scenario(tmp: Path) -> Path:
+    """The reference scenario's node, training throughout (no save, no stall, no deadlock)."""
+    text = (
+        Path(__file__).resolve().parent.parent / "watchdog" / "scenarios" / "reference-b300.toml"
+    ).read_text()
+    head = text[: text.index("[[phases]]")].replace('name = "reference-b300"', 'name = "bench-healthy"')
+    head = head.replace("loop = true", "loop = false")
+    phase = (
+        '[[phases]]\nname = "train"\nduration_s = 86400.0\njob_phase = "train"\nstep_rate_per_s = 0.2\n'
+        'gpu = "training"\nnote = "healthy training for the benchmark"\n'
+    )
+    path = tmp / "bench-healthy.toml"
+    path.write_text(head + phase)
+    return path
+
+
+def _daemon_share(stacks: str, window_s: float, scenario: str, into_s: float = 0.0) -> tuple[float, dict]:
+    """``into_s``: seconds of the scenario already past at the start (140: 30 s into the deadlock)."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="gpuwd-bench-stacks-") as tmp:
         state, progress = Path(tmp) / "state", Path(tmp) / "progress"
-        start = time.time() + 1.0
+        start = time.time() + 1.0 - into_s
         job = subprocess.Popen(
             [sys.executable, "-m", "ft_trainer.simjob", "--progress-dir", str(progress), "--start-epoch",
-             str(start), "--ranks", str(RANKS), "--world-size", str(RANKS)],
+             str(start), "--ranks", str(RANKS), "--world-size", str(RANKS), "--scenario", scenario],
             start_new_session=True,
         )  # fmt: skip
         daemon = subprocess.Popen(
@@ -97,6 +116,7 @@ def _daemon_share(stacks: str, window_s: float) -> tuple[float, dict]:
                 str(start),
                 str(GPUS),
                 stacks,
+                scenario,
             ],
             start_new_session=True,
         )
@@ -119,6 +139,10 @@ def _daemon_share(stacks: str, window_s: float) -> tuple[float, dict]:
             c1, t1 = _cpu_s(proc), time.monotonic()
             s1 = httpx.get(f"{base}/status", timeout=5).json().get("stacks", {})
             s1["dumps_in_window"] = s1.get("dumps_total", 0) - s0.get("dumps_total", 0)
+            s1["cpu_s_in_window"] = s1.get("cpu_s_total", 0.0) - s0.get("cpu_s_total", 0.0)
+            jobs = httpx.get(f"{base}/status", timeout=5).json()["jobs"]
+            s1["jobs_seen"] = len(jobs)
+            s1["verdicts"] = sorted({j["verdict"] for j in jobs})
             return (c1 - c0) / (t1 - t0), s1
         finally:
             for p in (daemon, job):
@@ -155,11 +179,13 @@ def _pauses(binary: str, dumps: int) -> dict[str, list[float]]:
 def run(quick: bool = False) -> None:
     window_s = 30.0 if quick else 120.0
     header(
-        f"stack sampling: daemon + py-spy children, {GPUS} simulated B300 at 10 Hz, {RANKS} rank "
-        f"processes, {window_s:.0f} s window, off vs on"
+        f"stack sampling on a healthy job: daemon + py-spy children, {GPUS} simulated B300 at 10 Hz, "
+        f"{RANKS} rank processes, {window_s:.0f} s window, off vs on"
     )
-    off, _ = _daemon_share("off", window_s)
-    on, st = _daemon_share("on", window_s)
+    with tempfile.TemporaryDirectory(prefix="gpuwd-bench-scenario-") as tmp:
+        healthy = str(healthy_scenario(Path(tmp)))
+        off, _ = _daemon_share("off", window_s, healthy)
+        on, st = _daemon_share("on", window_s, healthy)
     line("daemon CPU share, stacks off (baseline)", 100 * off, "%", higher_is_better=False)
     line("daemon CPU share, stacks on", 100 * on, "%", higher_is_better=False)
     extra = on - off
@@ -172,6 +198,7 @@ def run(quick: bool = False) -> None:
         higher_is_better=False,
     )
     line("py-spy dumps in the window", float(st.get("dumps_in_window", 0)), "dumps")
+    line("jobs the daemon saw (this machine's other jobs too)", float(st.get("jobs_seen", 0)), "jobs")
     per_dump = st.get("cpu_s_total", 0.0) / max(1, st.get("dumps_total", 0))
     line("py-spy CPU per dump", 1000 * per_dump, "ms", higher_is_better=False)
     line(
@@ -186,6 +213,17 @@ def run(quick: bool = False) -> None:
         ok=suspect <= float(st.get("budget_cpu_s_per_min", 3.0)),
         higher_is_better=False,
     )
+    header(
+        f"under suspicion: the reference deadlock (16 ranks dumped every 3 s), {window_s / 2:.0f} s window"
+    )
+    hung, hst = _daemon_share("on", window_s / 2, "reference-b300", into_s=140.0)
+    line("verdicts of the hung job", float(len(hst.get("verdicts", []))), ",".join(hst.get("verdicts", [])))
+    line("daemon CPU share, stacks on, job hung", 100 * hung, "%", higher_is_better=False)
+    spent = 60.0 * hst.get("cpu_s_in_window", 0.0) / (window_s / 2)
+    budget = float(hst.get("budget_cpu_s_per_min", 3.0))
+    line("py-spy CPU per minute", spent, "CPU-s/min", budget=f"<= {budget} (sampler budget)",
+         ok=spent <= budget * 1.1, higher_is_better=False)  # fmt: skip
+    line("dumps held back by the budget", float(hst.get("skipped_budget_total", 0)), "requests")
     binary = find_py_spy("auto")
     if binary is None:
         print("  (py-spy not found: pause measurement skipped)")
