@@ -235,7 +235,7 @@ class StackSampler:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 max(1, cfg.max_parallel), thread_name_prefix="stack-sampler"
             )
-        self._pool.submit(self._sample_job, job, targets)
+        self._pool.submit(self._sample_job, job, targets, limit)
         return True
 
     def summary(self, job: str) -> StackSummary | None:
@@ -302,11 +302,18 @@ class StackSampler:
             self.binary, pid, nonblocking=self.config.nonblocking, timeout_s=self.config.timeout_s
         )
 
-    def _sample_job(self, job: str, pids: Mapping[int, int]) -> None:
+    def _sample_job(self, job: str, pids: Mapping[int, int], limit: float | None = None) -> None:
         try:
             for rank, pid in sorted(pids.items()):
                 if self.state == PTRACE_DENIED:
                     break
+                if limit is not None:
+                    with self._lock:
+                        over = self._spent_locked(self.monotonic()) >= limit
+                        if over:
+                            self.skipped_budget_total += 1
+                    if over:  # the rest of this round waits for the next one
+                        break
                 res = self._dump(pid)
                 at = self.clock()
                 self._record(job, rank, pid, res, at)

@@ -338,3 +338,15 @@ def test_the_daemon_says_in_status_and_metrics_that_py_spy_is_missing_and_carrie
         daemon.close()
         proc.kill()
         proc.wait()
+
+
+def test_the_budget_also_stops_a_round_midway():
+    ok = DumpResult(0, dump(*ALLREDUCE).encode(), "", 2.0, 0.01)
+    seen: list[int] = []
+    sampler = StackSampler(
+        SamplerConfig(budget_cpu_s_per_min=3.0), runner=lambda _b, pid: (seen.append(pid), ok)[1]
+    )
+    assert sampler.request(0.0, "j", {0: 10, 1: 11, 2: 12}, blind=True)
+    assert sampler.wait_idle(10)
+    assert seen == [10]  # 2 CPU-s spent, above half the budget: the round stops
+    assert sampler.status()["skipped_budget_total"] == 1
