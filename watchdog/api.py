@@ -135,11 +135,17 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["gpus"] = [gpu_document(g) for g in snapshot.gpus]
     document["jobs"] = [job_document(j) for j in snapshot.jobs]
     document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
+    document["input_errors"] = _plain(list(snapshot.input_errors))
+    document["failed_cycles"] = snapshot.failed_cycles
     return document
 
 
 def _dumps(document: Any) -> bytes:
     return json.dumps(_plain(document), separators=(",", ":"), allow_nan=False).encode()
+
+
+FAILING_AFTER_CYCLES = 3
+"""Consecutive failed cycles after which /healthz answers 503 ``failing``."""
 
 
 class _Doc(BaseModel):
@@ -207,11 +213,18 @@ class StatusDoc(_Doc):
     untrusted_progress_files: list[dict[str, Any]] = Field(
         description="Progress files not believed (another owner, or a pid that is not the rank it claims)"
     )
+    input_errors: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="What failed this cycle without stopping it: kind (progress_file, job, store, actions), "
+        "where, error",
+    )
+    failed_cycles: int = Field(0, description="Consecutive cycles that failed (this is the last good one)")
 
 
 class HealthDoc(_Doc):
-    status: Literal["ok", "stale", "starting"]
+    status: Literal["ok", "stale", "starting", "failing"]
     last_cycle_age_s: float | None
+    failed_cycles: int | None = None
     max_age_s: float
     cycle: int | None
 
@@ -446,7 +459,8 @@ def create_app(
         "/healthz", response_model=None, responses={200: {"model": HealthDoc}, 503: {"model": HealthDoc}}
     )
     async def healthz() -> Response:
-        """200 while the last cycle is younger than max(3 periods, 5 s); else 503 (stale/starting)."""
+        """200 while the last cycle is younger than max(3 periods, 5 s); else 503 (stale/starting);
+        503 ``failing`` as soon as 3 cycles in a row raised."""
         snapshot = snapshots.latest()
         if snapshot is None:
             return _json(
@@ -454,14 +468,16 @@ def create_app(
             )
         age_s = clock() - snapshot.time
         fresh = age_s < max_age_s
+        failing = snapshot.failed_cycles >= FAILING_AFTER_CYCLES
         return _json(
             {
-                "status": "ok" if fresh else "stale",
+                "status": "failing" if failing else ("ok" if fresh else "stale"),
                 "last_cycle_age_s": round(age_s, 3),
                 "max_age_s": max_age_s,
                 "cycle": snapshot.cycle,
+                "failed_cycles": snapshot.failed_cycles,
             },
-            200 if fresh else 503,
+            200 if fresh and not failing else 503,
         )
 
     @app.get("/status", response_model=None, responses={200: {"model": StatusDoc}})
