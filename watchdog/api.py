@@ -22,7 +22,7 @@ import hmac
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -408,6 +408,13 @@ class _Rendered:
     gpus: bytes
 
 
+def set_token(app: FastAPI, token: str | None) -> None:
+    """Replace the bearer token of a running app (SIGHUP re-reads auth.token_file)."""
+    if token is not None and not token.strip():
+        raise ValueError("the auth token is empty; pass None to disable mutating calls")
+    app.state.auth = _Auth(token)
+
+
 def create_app(
     *,
     snapshots: SnapshotHolder,
@@ -419,10 +426,13 @@ def create_app(
     clock: Callable[[], float] = time.time,
     max_body_bytes: int = MAX_BODY_BYTES,
     metrics_registry: CollectorRegistry | None = None,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> FastAPI:
     """The REST app. ``token`` is the bearer token for mutating calls (``None``: they answer 403);
     ``period_s`` the loop's period (health: stale after max(3 periods, 5 s)); ``clock`` the epoch
-    clock compared with ``Snapshot.time``; ``table`` returns the power table in use as a dict."""
+    clock compared with ``Snapshot.time``; ``table`` returns the power table in use as a dict;
+    ``allowed_hosts`` (None: no check) the host names a request's Host header may name besides IP
+    addresses and localhost (:mod:`gpu_triage.host_check`)."""
     if token is not None and not token.strip():
         raise ValueError("the auth token is empty; pass None to disable mutating calls")
     max_age_s = max(STALE_PERIODS * period_s, MIN_STALE_S)
@@ -435,6 +445,10 @@ def create_app(
         description="Per-node GPU training watchdog: status, events, metrics and controls.",
     )
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+    if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
+        from gpu_triage.host_check import HostCheck, HostPolicy
+
+        app.add_middleware(HostCheck, policy=HostPolicy(allowed_hosts))
     app.state.snapshots = snapshots
     app.state.auth = _Auth(token)
     app.state.control = control

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_triage import __version__
-from gpu_triage.config import Config, load_config, load_token
+from gpu_triage.config import Config, load_config, load_token, override
 from gpu_triage.control import QueuedControl
 from gpu_triage.detector import Detector, GpuView
 from gpu_triage.detector import DetectorConfig as DetectorSettings
@@ -69,9 +69,13 @@ class Daemon:
         serve_http: bool = True,
         on_cycle: Callable[[Snapshot], None] | None = None,
         actions: Any | None = None,
+        overrides: dict[str, Any] | None = None,
     ) -> None:
+        """``overrides``: the command-line values applied over the file (re-applied on reload)."""
         self.config = config
         self.config_path = config_path
+        self.overrides = dict(overrides or {})
+        self._app: Any = None
         self.source = source
         self.clock = clock
         self.monotonic = monotonic
@@ -115,6 +119,9 @@ class Daemon:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
+        """Raises ConfigError (exit 2) for what the config names but cannot be used - checked here
+        once, not found failing in every cycle."""
+        validate_classifier(self.config)
         state_dir = Path(self.config.daemon.state_dir)
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
@@ -197,7 +204,14 @@ class Daemon:
             control=self.control,
             token=token,
             period_s=self.config.daemon.period_s,
+            allowed_hosts=[
+                *self.config.daemon.allowed_hosts,
+                self.node,
+                socket.gethostname(),
+                host.strip("[]"),
+            ],
         )
+        self._app = app
         self.http = HttpServer(app, host.strip("[]") or "127.0.0.1", int(port))
         self.http.start()
 
@@ -461,6 +475,10 @@ class Daemon:
         self.notifier.reloading()
         try:
             new = load_config(self.config_path, os.environ)
+            if self.overrides:  # the same command line as at start: a flag is no change
+                new = override(new, self.overrides, origin="command line")
+            validate_classifier(new)
+            token = load_token(new) if self._app is not None else None
         except Exception as e:
             log.error("reload failed, keeping the running configuration: %s", e)
             self._event("daemon", {"event": "reload_failed", "error": str(e)})
@@ -485,10 +503,29 @@ class Daemon:
             )
         if new.actions.mode != self.config.actions.mode:
             self.mode = new.actions.mode
+        if self._app is not None:
+            from gpu_triage.api import set_token
+
+            set_token(self._app, token)  # a rotated token file takes effect now; the old one stops
+            log.info("auth token re-read from %s", new.auth.token_file)
         self.config = new
         self._event("daemon", {"event": "reloaded", "config": new.origin})
         self.notifier.ready("configuration reloaded")
         log.info("configuration reloaded from %s", new.origin)
+
+
+def validate_classifier(config: Config) -> None:
+    """The table file or model the config names must load now (ConfigError naming the key), rather
+    than raise in every cycle once a GPU is seen."""
+    from gpu_triage.config import ConfigError
+    from gpu_triage.tables import TableError, resolve_table
+
+    c = config.classifier
+    try:
+        resolve_table(model=c.model, path=c.table)
+    except TableError as e:
+        key = "classifier.table" if c.table is not None else "classifier.model"
+        raise ConfigError([f"{config.origin}: {key}: {e}"]) from None
 
 
 def progress_claims(view: ProgressView, host: str) -> list[ProgressClaim]:
