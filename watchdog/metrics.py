@@ -51,6 +51,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_verdict": "gauge",
     "gpu_watchdog_verdict_onset_timestamp_seconds": "gauge",
     "gpu_watchdog_verdict_raised_timestamp_seconds": "gauge",
+    "gpu_watchdog_kill_worthy": "gauge",
     "gpu_watchdog_rank_step": "gauge",
     "gpu_watchdog_rank_lease_until_timestamp_seconds": "gauge",
     "gpu_watchdog_actions_total": "counter",
@@ -194,6 +195,11 @@ def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
         ["job"],
         "seconds",
     )
+    kill_worthy = _gauge(
+        PREFIX + "kill_worthy",
+        "1 when the job's verdict rests on positive evidence of a hang (the only case that may reach a kill).",
+        ["job"],
+    )
     step = _gauge(PREFIX + "rank_step", "Optimizer step each rank last reported.", ["job", "rank"])
     lease = _gauge(
         PREFIX + "rank_lease_until_timestamp_seconds",
@@ -204,6 +210,7 @@ def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     for job in snapshot.jobs:
         for candidate in VERDICTS:
             verdict.add_metric([job.job, candidate.value], 1.0 if job.verdict == candidate else 0.0)
+        kill_worthy.add_metric([job.job], 1.0 if job.kill_worthy else 0.0)
         for family, value in ((onset, job.onset), (raised, job.raised)):
             number = _finite(value)
             if number is not None:
@@ -215,7 +222,7 @@ def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
             lease_until = _finite(rank.lease_until)
             if lease_until is not None:
                 lease.add_metric(rank_labels, lease_until)
-    yield from (verdict, onset, raised, step, lease)
+    yield from (verdict, onset, raised, kill_worthy, step, lease)
 
 
 def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:

@@ -139,6 +139,21 @@ def test_verdicts_are_one_hot_per_job_with_onset_and_ranks() -> None:
     assert [(s.labels, s.value) for s in leases] == [({"job": "qwen3-32b-ft", "rank": "0"}, T0 + 30.0)]
 
 
+def test_kill_worthy_is_a_per_job_gauge_as_in_status() -> None:
+    snap = full_snapshot()
+    by_name = samples(scrape(snap))
+    assert {s.labels["job"]: s.value for s in by_name["gpu_watchdog_kill_worthy"]} == {
+        "qwen3-32b-ft": 0.0,
+        "job-1": 0.0,
+    }
+    confirmed = replace(snap.jobs[0], verdict=Verdict.DEADLOCK_CONFIRMED, kill_worthy=True)
+    by_name = samples(scrape(replace(snap, jobs=(confirmed, snap.jobs[1]))))
+    assert {s.labels["job"]: s.value for s in by_name["gpu_watchdog_kill_worthy"]} == {
+        "qwen3-32b-ft": 1.0,
+        "job-1": 0.0,
+    }
+
+
 def test_daemon_health_mode_and_info() -> None:
     by_name = samples(scrape(full_snapshot()))
 

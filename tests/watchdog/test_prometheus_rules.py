@@ -82,7 +82,7 @@ def test_every_problem_verdict_has_an_alert() -> None:
 @pytest.mark.parametrize("rule", alert_rules(), ids=lambda rule: rule["alert"])
 def test_rule_labels_annotations_and_metric_names(rule: dict[str, Any]) -> None:
     assert rule["alert"].startswith("GpuWatchdog")
-    assert rule["labels"]["severity"] in {"critical", "warning"}
+    assert rule["labels"]["severity"] in {"critical", "warning", "info"}
     annotations = rule["annotations"]
     assert {"summary", "description", "runbook_url"} <= annotations.keys()
     assert "{{ $labels.node }}" in annotations["summary"]
