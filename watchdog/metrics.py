@@ -197,7 +197,7 @@ def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     )
     kill_worthy = _gauge(
         PREFIX + "kill_worthy",
-        "1 when the job's verdict rests on positive evidence of a hang (the only case that may reach a kill).",
+        "1 when the job's verdict rests on positive evidence of a hang (only then may it reach a kill).",
         ["job"],
     )
     step = _gauge(PREFIX + "rank_step", "Optimizer step each rank last reported.", ["job", "rank"])
