@@ -173,7 +173,7 @@ def _am_alerts(am_url: str) -> list[dict[str, Any]]:
         alerts = httpx.get(f"{am_url}/api/v2/alerts", timeout=2).json()
     except (httpx.HTTPError, ValueError):
         return []
-    return [a for a in alerts if a.get("labels", {}).get("job") == JOB]
+    return [a for a in alerts if a.get("labels", {}).get("training_job") == JOB]
 
 
 def _py_spy_excerpt(bundle: Path) -> list[str]:

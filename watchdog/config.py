@@ -189,6 +189,18 @@ def optional_text(value: Any) -> str | None:
     return nonempty_text(value)
 
 
+def runbook_base(value: Any) -> str | None:
+    """An absolute http(s) URL without '#' ("" = the placeholder base, gpu_triage.runbook)."""
+    from gpu_triage.runbook import BadRunbookBase, check_base
+
+    if value == "":
+        return None
+    try:
+        return check_base(nonempty_text(value))
+    except BadRunbookBase as e:
+        raise _Invalid(str(e).removeprefix("expected ").split(", got ")[0]) from None
+
+
 def argv(value: Any) -> tuple[str, ...]:
     """A command as an argument vector (never run through a shell); [] for none."""
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -438,7 +450,10 @@ class AlertsConfig:
         default=1.0, metadata=meta(number(0.1, 600), "first retry delay (doubles, with jitter)")
     )
     retry_max_s: float = field(default=300.0, metadata=meta(number(1, 3600), "longest retry delay"))
-    runbook_url: str | None = field(default=None, metadata=meta(optional_text, "base URL of the runbook"))
+    runbook_url: str | None = field(
+        default=None,
+        metadata=meta(runbook_base, "absolute base URL of the runbook (alerts and render-rules)"),
+    )
     sinks: tuple[SinkConfig, ...] = field(
         default=(), metadata=meta(lambda v: v, "[[alerts.sinks]] receivers")
     )

@@ -39,7 +39,7 @@ def test_make_demo_catches_and_kills_the_real_deadlock(tmp_path: Path) -> None:
     assert times["alert_delivered"] <= times["sigterm"]
     assert summary["job_killed"] is True and summary["equalized_exit_codes"] == [0, 0]
     assert "phase_disagreement" in summary["signals"] or "steps_frozen" in summary["signals"]
-    assert summary["alertmanager_alerts"][0]["job"] == "tiny-cpu"
+    assert summary["alertmanager_alerts"][0]["training_job"] == "tiny-cpu"
     text = r.stdout
     assert "deadlock_suspected raised" in text and "SIGTERM to the job's group" in text
     assert "no GPU" in text  # says plainly which signals carried the verdict

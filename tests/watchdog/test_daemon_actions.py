@@ -150,7 +150,7 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
     am = [(t, body) for t, path, body in Receiver.posts if path == "/api/v2/alerts"]
     assert am, Receiver.posts
     labels = am[0][1][0]["labels"]
-    assert labels["job"] == "qwen3-32b-ft" and labels["service"] == "gpu-watchdog"
+    assert labels["training_job"] == "qwen3-32b-ft" and labels["service"] == "gpu-watchdog"
     assert first[("capture", "started")] <= am[0][0]
     assert len(rank_pids) == 8
     if mode == "kill":
