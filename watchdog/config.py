@@ -283,6 +283,9 @@ class DaemonConfig:
     log_level: str = field(
         default="info", metadata=meta(choice("debug", "info", "warning", "error"), "log level")
     )
+    log_format: str = field(
+        default="text", metadata=meta(choice("text", "json"), "log lines: human text or one JSON object each")
+    )
 
 
 @dataclass(frozen=True, slots=True)

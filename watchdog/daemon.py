@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpu_triage import __version__
+from gpu_triage import __version__, logs
 from gpu_triage.config import Config, load_config, load_token
 from gpu_triage.control import QueuedControl
 from gpu_triage.detector import Detector, GpuView
@@ -379,14 +379,21 @@ class Daemon:
                     now,
                     job=j.job,
                 )
+                logs.EVENTS.verdict(
+                    j.job,
+                    str(prev) if prev else None,
+                    str(j.verdict),
+                    cause=j.cause,
+                    signals=[str(x) for x in j.evidence.get("signals", []) or []],
+                    ranks=[r.rank for r in j.ranks],
+                    onset=j.onset,
+                    kill_worthy=j.kill_worthy,
+                )
                 self._verdicts[j.job] = j.verdict
         for gone in set(self._verdicts) - {j.job for j in results}:
-            self._event(
-                "verdict",
-                {"from": str(self._verdicts.pop(gone)), "to": None, "event": "job_gone"},
-                now,
-                job=gone,
-            )
+            last = str(self._verdicts.pop(gone))
+            self._event("verdict", {"from": last, "to": None, "event": "job_gone"}, now, job=gone)
+            logs.EVENTS.verdict(gone, last, None, cause="job_gone")
         return results
 
     def _event(
