@@ -38,10 +38,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from gpu_triage.limits import MAX_CONFIG_BYTES, InputTooLarge, read_regular_file
 from gpu_triage.states import GpuState, Mode
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpu-watchdog/config.toml")
 ENV_PREFIX = "GPU_WATCHDOG_"
+MAX_SECRET_BYTES = 64 * 1024
 ENV_SEPARATOR = "__"
 SOURCE_NAMES = ("auto", "nvml", "sim", "none")
 SINK_KINDS = ("webhook", "alertmanager", "pagerduty", "slack")
@@ -208,6 +210,17 @@ def argv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def host_names(value: Any) -> tuple[str, ...]:
+    """Host names (no port, no spaces or slashes), or ``"*"`` for any."""
+    expected = 'a list of host names (e.g. ["node01.cluster.example"]), or ["*"] for any'
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and v and len(v) <= 253 and not any(c.isspace() or c in "/@?#" for c in v)
+        for v in value
+    ):
+        raise _Invalid(expected)
+    return tuple(value)
+
+
 @_takes_text
 def listen_address(value: Any) -> str:
     """``HOST:PORT`` with HOST an IPv4 address, a host name or ``[IPv6]``."""
@@ -270,6 +283,10 @@ class DaemonConfig:
     )
     source: str = field(default="auto", metadata=meta(source_spec, "telemetry source"))
     listen: str = field(default="127.0.0.1:9410", metadata=meta(listen_address, "REST + /metrics address"))
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=meta(host_names, "names a request's Host header may use besides addresses and localhost"),
+    )
     state_dir: Path = field(
         default=Path("/var/lib/gpu-watchdog"), metadata=meta(path_value, "event store and evidence")
     )
@@ -644,7 +661,7 @@ def parse_env_value(raw: str) -> Any:
     """An environment value as TOML would read it (``0.5``, ``true``, ``[...]``), else the string."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return raw
 
 
@@ -684,13 +701,18 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
     if path is not None:
         origin = str(path)
         try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            text = read_regular_file(path, MAX_CONFIG_BYTES, "config file").decode("utf-8")
+            raw = tomllib.loads(text)
         except FileNotFoundError:
             raise ConfigError([f"{path}: no such file"]) from None
+        except InputTooLarge as e:
+            raise ConfigError([str(e)]) from None
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError([f"{path}: cannot read: {e}"]) from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError([f"{path}: invalid TOML: {e}"]) from None
+        except RecursionError:
+            raise ConfigError([f"{path}: invalid TOML: nested too deeply"]) from None
         for section, table in raw.items():
             if isinstance(table, dict):
                 for key in table:
@@ -791,8 +813,11 @@ def resolve_config_path(arg: Path | None) -> Path | None:
 def load_secret(path: Path, what: str = "token") -> str:
     """Read a secret (bearer token, routing key, Slack URL) from ``path``.
 
-    Refused - :class:`ConfigError` - when the file is missing, empty, not a regular file or
-    world-readable (``mode & 0o004``). The secret itself never appears in an error.
+    Refused - :class:`ConfigError` - when the file is missing, empty, not a regular file, larger
+    than 64 KiB, more than one line, world-readable (``mode & 0o004``) or writable by anyone but its
+    owner (``mode & 0o022``: another user could swap the secret). Group-readable is fine (0640 lets a
+    ``gpu-watchdog`` group of operators read it); 0600 is the default. The secret itself never
+    appears in an error.
     """
     try:
         st = os.stat(path)
@@ -808,12 +833,24 @@ def load_secret(path: Path, what: str = "token") -> str:
                 f"refusing to use it: run `chmod o-r {path}` (0600 or 0640 are fine)"
             ]
         )
+    if mode & 0o022:
+        who = "world" if mode & 0o002 else "group"
+        raise ConfigError(
+            [
+                f"{path}: the {what} file is {who}-writable (mode {mode:04o}); "
+                f"refusing to use it: run `chmod go-w {path}` (0600 or 0640 are fine)"
+            ]
+        )
     try:
-        value = Path(path).read_text(encoding="utf-8").strip()
+        value = read_regular_file(path, MAX_SECRET_BYTES, f"{what} file").decode("utf-8").strip()
+    except InputTooLarge as e:
+        raise ConfigError([str(e)]) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError([f"{path}: cannot read the {what} file: {e}"]) from None
     if not value:
         raise ConfigError([f"{path}: the {what} file is empty"])
+    if "\n" in value or "\r" in value:
+        raise ConfigError([f"{path}: the {what} file has more than one line (it must hold the {what} alone)"])
     return value
 
 

@@ -71,6 +71,8 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_start_timestamp_seconds": "gauge",
     "gpu_watchdog_cycles_total": "counter",
     "gpu_watchdog_missed_cycles_total": "counter",
+    "gpu_watchdog_failed_cycles_total": "counter",
+    "gpu_watchdog_input_errors": "gauge",
     "gpu_watchdog_armed": "gauge",
     "gpu_watchdog_mode": "gauge",
     "gpu_watchdog_info": "info",
@@ -291,11 +293,33 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield info
 
 
+INPUT_ERROR_KINDS = ("progress_file", "job", "store", "actions")
+
+
+def _error_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    errors = _gauge(
+        PREFIX + "input_errors",
+        "Things that failed in the last cycle without stopping it (progress files not read, jobs not "
+        "judged, the event store on memory only, the action engine); see input_errors in /status.",
+        ["kind"],
+    )
+    counts = {k: 0 for k in INPUT_ERROR_KINDS}
+    for e in snapshot.input_errors:
+        counts[str(e.get("kind"))] = counts.get(str(e.get("kind")), 0) + 1
+    for kind, n in sorted(counts.items()):
+        errors.add_metric([kind], float(n))
+    yield errors
+    failed = _counter(PREFIX + "failed_cycles_total", "Cycles that raised (nothing published).", [])
+    failed.add_metric([], float(snapshot.counters.get("failed_cycles_total", 0.0)))
+    yield failed
+
+
 def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     """All metric families for one snapshot (pure: the snapshot in, families out)."""
     yield from _gpu_metrics(snapshot.gpus, snapshot.node)
     yield from _job_metrics(snapshot)
     yield from _daemon_metrics(snapshot)
+    yield from _error_metrics(snapshot)
 
 
 class SnapshotCollector(Collector):
