@@ -886,10 +886,17 @@ class ActionEngine:
             return KillOutcome("SIGKILL", KillPlan((), (), {}), k.dry_run, (), (), self.clock())
         canceller = self._canceller()
         cmd = canceller.kill(k.slurm, dry_run=k.dry_run)
-        sent = (f"slurm:{cancel_id(k.slurm, canceller.cancel)}",) if cmd.ok else ()
-        errors = () if cmd.ok or k.dry_run else ("scancel --signal=KILL failed",)
         extra = {**cmd.to_dict(), "survivors": survivors}
-        return KillOutcome("SIGKILL", k.plan, k.dry_run, sent, errors, self.clock(), extra=extra)
+        if cmd.ok or k.dry_run:
+            sent = (f"slurm:{cancel_id(k.slurm, canceller.cancel)}",) if cmd.ok else ()
+            return KillOutcome("SIGKILL", k.plan, k.dry_run, sent, (), self.clock(), extra=extra)
+        # Slurm refuses to signal a job it is already cancelling (COMPLETING until its KillWait runs
+        # out): the survivors of the SIGTERM plan get SIGKILL directly, under the signal ladder's rules.
+        why = cmd.result.error or cmd.result.stderr.strip()[:500] if cmd.result else "not run"
+        direct = self.executor.escalate(k.plan, dry_run=k.dry_run, now=self.clock())
+        return dataclasses.replace(
+            direct, errors=(*direct.errors, f"scancel: {why}"), extra={**extra, "fallback": "signal"}
+        )
 
     def _run_hook(
         self, plan: KillPlan, pids: list[int], values: dict[str, str], dry_run: bool
