@@ -243,11 +243,9 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
     assert term[0]["via"] == "slurm" and term[0]["slurm_job"] == hung, term[0]
     assert Path(term[0]["argv"][0]).name == "scancel" and term[0]["argv"][1:] == [hung], term[0]
     assert "stepd" in term[0]["confirmed_by"] and term[0]["uid"] == uid, term[0]
-    # The job ignores SIGTERM: the SIGKILL rung went through Slurm too.
-    # The job ignores SIGTERM: the SIGKILL rung asked Slurm first; a job Slurm is already cancelling
-    # (COMPLETING until KillWait) refuses further signals, so the survivors were signalled directly.
+    # The job ignores SIGTERM: the SIGKILL rung asked Slurm first; Slurm refuses to signal a job it is
+    # already cancelling (it waits out its own KillWait), so the survivors were signalled directly.
     kill = [a for a in mine if a["action"] == "sigkill" and a["result"] == "ok"]
-    print("KILLREC", json.dumps(kill), json.dumps(term))
     assert kill and kill[0]["argv"][1:] == ["--signal=KILL", "--full", hung], summary
     assert kill[0].get("fallback") == "signal" or kill[0]["signalled"] == [f"slurm:{hung}"], kill[0]
     assert sorted(kill[0]["survivors"]) == sorted(set(kill[0]["survivors"]) | set(seen[hung_name])), kill[0]
