@@ -859,7 +859,8 @@ class ActionEngine:
         self, k: _Kill, plan: KillPlan, ranks: Sequence[tuple[int, Sequence[str], int | None]]
     ) -> KillOutcome | None:
         """The SIGTERM rung through Slurm (``scancel``), or None to signal (``kill_via = "auto"`` and the
-        ranks' Slurm job did not check out). With ``kill_via = "slurm"`` a refusal sends nothing."""
+        ranks' Slurm job did not check out, or scancel failed). With ``kill_via = "slurm"`` a refusal or a
+        failed scancel sends nothing (``sigterm/refused``, ``sigterm/error``)."""
         canceller = self._canceller()
         target = canceller.resolve(ranks)
         if isinstance(target, SlurmRefusal):
@@ -870,12 +871,17 @@ class ActionEngine:
             if target.slurm_claimed:
                 k.slurm_refused = target.reason
             return None
-        k.slurm = target
         cmd = canceller.terminate(target, dry_run=k.dry_run)
+        if not cmd.ok and not k.dry_run:
+            why = cmd.result.error or cmd.result.stderr.strip()[:500] if cmd.result else "not run"
+            if self.actions.kill_via == "auto":  # e.g. the daemon's user is no Slurm operator
+                k.slurm_refused = f"scancel failed: {why}"
+                return None
+            extra = {**cmd.to_dict(), "failed": f"scancel failed: {why}"}
+            return KillOutcome("SIGTERM", KillPlan((), (), {}), k.dry_run, (), (), self.clock(), extra=extra)
+        k.slurm = target  # the SIGKILL rung goes through Slurm too
         sent = (f"slurm:{cancel_id(target, canceller.cancel)}",) if cmd.ok else ()
-        why = cmd.result and (cmd.result.error or cmd.result.stderr.strip()[:500])
-        errors = () if cmd.ok or k.dry_run else (f"scancel failed: {why}",)
-        return KillOutcome("SIGTERM", plan, k.dry_run, sent, errors, self.clock(), extra=cmd.to_dict())
+        return KillOutcome("SIGTERM", plan, k.dry_run, sent, (), self.clock(), extra=cmd.to_dict())
 
     def _slurm_kill(self, k: _Kill) -> KillOutcome:
         """The SIGKILL rung through Slurm: ``scancel --signal=KILL`` only if a process of the SIGTERM
@@ -1050,9 +1056,9 @@ class ActionEngine:
         else:
             outcome: KillOutcome = value
             k.plan, k.term_time = outcome.plan, outcome.time
-            if outcome.extra.get("refused"):
-                k.stage = "done"
-                result = "refused"
+            if outcome.extra.get("refused") or outcome.extra.get("failed"):
+                k.stage = "done"  # kill_via "slurm": nothing was sent, nothing else will be
+                result = "refused" if outcome.extra.get("refused") else "error"
             elif outcome.plan.empty:
                 k.stage = "done"
                 result = "no_targets"
