@@ -8,8 +8,10 @@ engine first saw the verdict; the SIGTERM delay from when it first saw ``deadloc
 2. **alert** after ``alert_after_s`` (modes ``alert`` and ``kill``; silences suppress it);
 3. ``deadlock_confirmed``: **SIGTERM** the job's processes ``sigterm_after_s`` after confirmation (mode
    ``kill`` only; not while the capture is still running, within its time budget; at most
-   ``max_kills_per_hour`` over a rolling hour, persisted) - or run ``kill_hook`` instead;
-4. **SIGKILL** what is still alive ``sigkill_grace_s`` later (still mode ``kill``).
+   ``max_kills_per_hour`` over a rolling hour, persisted) - or run ``kill_hook`` instead, or, for a
+   Slurm job that checks out (``kill_via``), ``scancel`` it (:mod:`gpu_triage.actions.slurm_cancel`);
+4. **SIGKILL** what is still alive ``sigkill_grace_s`` later (still mode ``kill``; through Slurm when
+   the SIGTERM rung went through Slurm).
 
 ``stalled`` captures evidence and alerts; ``slow``, ``suspended``, ``stalled_checkpoint``,
 ``data_starvation`` and ``telemetry_lost`` alert (rung 2). None of them ever kills: SIGTERM needs
