@@ -233,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_triage.ops_cmd import add_parsers as add_ops_parsers
 
     add_ops_parsers(sub)  # check-config, render-rules
+
+    from gpu_triage import slurm_health  # stdlib only: cheap for every invocation
+
+    slurm_health.add_subparser(sub)
     return parser
 
 

@@ -447,6 +447,16 @@ class ActionsConfig:
     dry_run: bool = field(
         default=False, metadata=meta(boolean, "log what would be signalled, signal nothing")
     )
+    kill_via: str = field(
+        default="auto",
+        metadata=meta(choice("auto", "signal", "slurm"), "stop a job with signals or Slurm's scancel"),
+    )
+    slurm_cancel: str = field(
+        default="job", metadata=meta(choice("job", "step"), "scancel the whole job or the ranks' step")
+    )
+    slurm_bin_dir: Path | None = field(
+        default=None, metadata=meta(optional_path, "directory of scancel/squeue (default: PATH)")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -647,6 +657,13 @@ def _cross_checks(config: Config, origins: Mapping[str, str], errors: _Collector
             "actions.alert_after_s",
             f"at least actions.capture_after_s ({_fmt(a.capture_after_s)}): evidence is captured first",
             a.alert_after_s,
+        )
+    if a.kill_via == "slurm" and a.kill_hook:
+        errors.add(
+            origin("actions.kill_via"),
+            "actions.kill_via",
+            'not "slurm" together with actions.kill_hook: choose one way to stop a job',
+            a.kill_via,
         )
     if config.alerts.retry_max_s < config.alerts.retry_initial_s:
         errors.add(
