@@ -407,6 +407,59 @@ class DetectorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StacksConfig:
+    """Stack evidence (py-spy): the sampler's schedule and budget, and what the detector makes of it."""
+
+    enabled: bool = field(default=True, metadata=meta(boolean, "sample the ranks' Python stacks with py-spy"))
+    py_spy: str = field(
+        default="auto", metadata=meta(nonempty_text, "py-spy binary, or auto (PATH, then beside python)")
+    )
+    nonblocking: bool = field(
+        default=True, metadata=meta(boolean, "dump without pausing the rank (py-spy --nonblocking)")
+    )
+    healthy_interval_s: float = field(
+        default=60.0, metadata=meta(number(1, 86400), "dump interval of a job whose steps advance")
+    )
+    blind_interval_s: float = field(
+        default=10.0, metadata=meta(number(1, 86400), "dump interval of a job without progress files")
+    )
+    suspect_interval_s: float = field(
+        default=3.0, metadata=meta(number(0.5, 3600), "dump interval on suspicion")
+    )
+    timeout_s: float = field(default=5.0, metadata=meta(number(0.5, 120), "limit of one py-spy dump"))
+    budget_cpu_s_per_min: float = field(
+        default=3.0, metadata=meta(number(0.01, 60), "py-spy CPU seconds allowed per rolling minute")
+    )
+    max_parallel: int = field(default=2, metadata=meta(integer(1, 16), "jobs dumped at the same time"))
+    frozen_s: float = field(
+        default=30.0, metadata=meta(number(1, 86400), "a stack unchanged this long is frozen")
+    )
+    min_samples: int = field(
+        default=4, metadata=meta(integer(2, 1000), "dumps in a row a frozen stack must span")
+    )
+    fresh_s: float = field(
+        default=30.0, metadata=meta(number(1, 86400), "a dump older than this is not used")
+    )
+    checkpoint_max_s: float = field(
+        default=1800.0,
+        metadata=meta(number(1, 604800), "a save longer than this: stalled_checkpoint"),
+    )
+    asleep_cpu_ratio: float = field(
+        default=0.3, metadata=meta(number(0, 64), "a rank below this share of a core is asleep on the host")
+    )
+
+    def detector_settings(self) -> dict[str, float | int]:
+        """The keys the detector reads (``stacks_*`` fields of its config)."""
+        return {
+            "stacks_frozen_s": self.frozen_s,
+            "stacks_min_samples": self.min_samples,
+            "stacks_fresh_s": self.fresh_s,
+            "stacks_checkpoint_max_s": self.checkpoint_max_s,
+            "stacks_asleep_cpu_ratio": self.asleep_cpu_ratio,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class EventsConfig:
     retention_days: float = field(
         default=30.0, metadata=meta(number(0, 3650, low_open=True), "age limit of events")
@@ -495,6 +548,7 @@ class Config:
     progress: ProgressConfig = field(default_factory=ProgressConfig)
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    stacks: StacksConfig = field(default_factory=StacksConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
@@ -508,6 +562,7 @@ SECTIONS: dict[str, type] = {
     "progress": ProgressConfig,
     "classifier": ClassifierConfig,
     "detector": DetectorConfig,
+    "stacks": StacksConfig,
     "events": EventsConfig,
     "auth": AuthConfig,
     "actions": ActionsConfig,

@@ -63,6 +63,10 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_kill_worthy": "gauge",
     "gpu_watchdog_rank_step": "gauge",
     "gpu_watchdog_rank_lease_until_timestamp_seconds": "gauge",
+    "gpu_watchdog_rank_stack_phase": "gauge",
+    "gpu_watchdog_stack_sampler_available": "gauge",
+    "gpu_watchdog_stack_dumps_total": "counter",
+    "gpu_watchdog_stack_cpu_seconds_total": "counter",
     "gpu_watchdog_actions_total": "counter",
     "gpu_watchdog_sample_duration_seconds": "gauge",
     "gpu_watchdog_last_sample_timestamp_seconds": "gauge",
@@ -236,6 +240,42 @@ def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
             if lease_until is not None:
                 lease.add_metric(rank_labels, lease_until)
     yield from (verdict, onset, raised, kill_worthy, step, lease)
+    yield from _stack_metrics(snapshot)
+
+
+STACK_PHASES = ("collective", "checkpoint", "eval", "data", "forward", "backward", "optimizer", "other")
+
+
+def _stack_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    phase = _gauge(
+        PREFIX + "rank_stack_phase",
+        "Where each rank's latest Python stack is (py-spy; one-hot over the phases).",
+        [JOB_LABEL, "rank", "phase"],
+    )
+    for job in snapshot.jobs:
+        ranks = (job.evidence.get("stacks") or {}).get("ranks") or {}
+        for rank, doc in sorted(ranks.items()):
+            for candidate in STACK_PHASES:
+                phase.add_metric(
+                    [job.job, str(rank), candidate], 1.0 if doc.get("phase") == candidate else 0.0
+                )
+    yield phase
+    st = snapshot.stacks or {}
+    # always exposed, empty before the sampler reports
+    available = _gauge(
+        PREFIX + "stack_sampler_available",
+        "1 when stack sampling works (py-spy found, ptrace allowed), else 0 (state label says why).",
+        ["state"],
+    )
+    dumps = _counter(PREFIX + "stack_dumps_total", "py-spy dumps taken, by result.", ["result"])
+    cpu = _counter(PREFIX + "stack_cpu_seconds_total", "CPU seconds the py-spy dumps used.", [], "seconds")
+    if st:
+        available.add_metric([str(st.get("state"))], 1.0 if st.get("state") == "available" else 0.0)
+        failures = float(st.get("failures_total", 0))
+        dumps.add_metric(["ok"], float(st.get("dumps_total", 0)) - failures)
+        dumps.add_metric(["failed"], failures)
+        cpu.add_metric([], float(st.get("cpu_s_total", 0.0)))
+    yield from (available, dumps, cpu)
 
 
 def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
