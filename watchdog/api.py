@@ -137,6 +137,7 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
     document["input_errors"] = _plain(list(snapshot.input_errors))
     document["failed_cycles"] = snapshot.failed_cycles
+    document["stacks"] = _plain(snapshot.stacks)
     return document
 
 
@@ -219,6 +220,11 @@ class StatusDoc(_Doc):
         "where, error",
     )
     failed_cycles: int = Field(0, description="Consecutive cycles that failed (this is the last good one)")
+    stacks: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Stack sampler (py-spy): state (available, py_spy_missing, ptrace_denied, disabled), "
+        "cpu_s_last_min against budget_cpu_s_per_min, dump counters; per-job stacks are in the job evidence",
+    )
 
 
 class HealthDoc(_Doc):

@@ -229,6 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=9410)
     d.add_argument("--sim-skip", type=float, default=0.0)
     d.set_defaults(func=cmd_demo_run)
+
+    from gpu_triage.ops_cmd import add_parsers as add_ops_parsers
+
+    add_ops_parsers(sub)  # check-config, render-rules
+
+    from gpu_triage import slurm_health  # stdlib only: cheap for every invocation
+
+    slurm_health.add_subparser(sub)
     return parser
 
 

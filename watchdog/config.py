@@ -191,6 +191,18 @@ def optional_text(value: Any) -> str | None:
     return nonempty_text(value)
 
 
+def runbook_base(value: Any) -> str | None:
+    """An absolute http(s) URL without '#' ("" = the placeholder base, gpu_triage.runbook)."""
+    from gpu_triage.runbook import BadRunbookBase, check_base
+
+    if value == "":
+        return None
+    try:
+        return check_base(nonempty_text(value))
+    except BadRunbookBase as e:
+        raise _Invalid(str(e).removeprefix("expected ").split(", got ")[0]) from None
+
+
 def argv(value: Any) -> tuple[str, ...]:
     """A command as an argument vector (never run through a shell); [] for none."""
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -287,6 +299,9 @@ class DaemonConfig:
     )
     log_level: str = field(
         default="info", metadata=meta(choice("debug", "info", "warning", "error"), "log level")
+    )
+    log_format: str = field(
+        default="text", metadata=meta(choice("text", "json"), "log lines: human text or one JSON object each")
     )
 
 
@@ -392,6 +407,59 @@ class DetectorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StacksConfig:
+    """Stack evidence (py-spy): the sampler's schedule and budget, and what the detector makes of it."""
+
+    enabled: bool = field(default=True, metadata=meta(boolean, "sample the ranks' Python stacks with py-spy"))
+    py_spy: str = field(
+        default="auto", metadata=meta(nonempty_text, "py-spy binary, or auto (PATH, then beside python)")
+    )
+    nonblocking: bool = field(
+        default=True, metadata=meta(boolean, "dump without pausing the rank (py-spy --nonblocking)")
+    )
+    healthy_interval_s: float = field(
+        default=60.0, metadata=meta(number(1, 86400), "dump interval of a job whose steps advance")
+    )
+    blind_interval_s: float = field(
+        default=10.0, metadata=meta(number(1, 86400), "dump interval of a job without progress files")
+    )
+    suspect_interval_s: float = field(
+        default=3.0, metadata=meta(number(0.5, 3600), "dump interval on suspicion")
+    )
+    timeout_s: float = field(default=5.0, metadata=meta(number(0.5, 120), "limit of one py-spy dump"))
+    budget_cpu_s_per_min: float = field(
+        default=3.0, metadata=meta(number(0.01, 60), "py-spy CPU seconds allowed per rolling minute")
+    )
+    max_parallel: int = field(default=2, metadata=meta(integer(1, 16), "jobs dumped at the same time"))
+    frozen_s: float = field(
+        default=30.0, metadata=meta(number(1, 86400), "a stack unchanged this long is frozen")
+    )
+    min_samples: int = field(
+        default=4, metadata=meta(integer(2, 1000), "dumps in a row a frozen stack must span")
+    )
+    fresh_s: float = field(
+        default=30.0, metadata=meta(number(1, 86400), "a dump older than this is not used")
+    )
+    checkpoint_max_s: float = field(
+        default=1800.0,
+        metadata=meta(number(1, 604800), "a save longer than this: stalled_checkpoint"),
+    )
+    asleep_cpu_ratio: float = field(
+        default=0.3, metadata=meta(number(0, 64), "a rank below this share of a core is asleep on the host")
+    )
+
+    def detector_settings(self) -> dict[str, float | int]:
+        """The keys the detector reads (``stacks_*`` fields of its config)."""
+        return {
+            "stacks_frozen_s": self.frozen_s,
+            "stacks_min_samples": self.min_samples,
+            "stacks_fresh_s": self.fresh_s,
+            "stacks_checkpoint_max_s": self.checkpoint_max_s,
+            "stacks_asleep_cpu_ratio": self.asleep_cpu_ratio,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class EventsConfig:
     retention_days: float = field(
         default=30.0, metadata=meta(number(0, 3650, low_open=True), "age limit of events")
@@ -432,6 +500,16 @@ class ActionsConfig:
     dry_run: bool = field(
         default=False, metadata=meta(boolean, "log what would be signalled, signal nothing")
     )
+    kill_via: str = field(
+        default="auto",
+        metadata=meta(choice("auto", "signal", "slurm"), "stop a job with signals or Slurm's scancel"),
+    )
+    slurm_cancel: str = field(
+        default="job", metadata=meta(choice("job", "step"), "scancel the whole job or the ranks' step")
+    )
+    slurm_bin_dir: Path | None = field(
+        default=None, metadata=meta(optional_path, "directory of scancel/squeue (default: PATH)")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,7 +533,10 @@ class AlertsConfig:
         default=1.0, metadata=meta(number(0.1, 600), "first retry delay (doubles, with jitter)")
     )
     retry_max_s: float = field(default=300.0, metadata=meta(number(1, 3600), "longest retry delay"))
-    runbook_url: str | None = field(default=None, metadata=meta(optional_text, "base URL of the runbook"))
+    runbook_url: str | None = field(
+        default=None,
+        metadata=meta(runbook_base, "absolute base URL of the runbook (alerts and render-rules)"),
+    )
     sinks: tuple[SinkConfig, ...] = field(
         default=(), metadata=meta(lambda v: v, "[[alerts.sinks]] receivers")
     )
@@ -467,6 +548,7 @@ class Config:
     progress: ProgressConfig = field(default_factory=ProgressConfig)
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    stacks: StacksConfig = field(default_factory=StacksConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
@@ -480,6 +562,7 @@ SECTIONS: dict[str, type] = {
     "progress": ProgressConfig,
     "classifier": ClassifierConfig,
     "detector": DetectorConfig,
+    "stacks": StacksConfig,
     "events": EventsConfig,
     "auth": AuthConfig,
     "actions": ActionsConfig,
@@ -629,6 +712,13 @@ def _cross_checks(config: Config, origins: Mapping[str, str], errors: _Collector
             "actions.alert_after_s",
             f"at least actions.capture_after_s ({_fmt(a.capture_after_s)}): evidence is captured first",
             a.alert_after_s,
+        )
+    if a.kill_via == "slurm" and a.kill_hook:
+        errors.add(
+            origin("actions.kill_via"),
+            "actions.kill_via",
+            'not "slurm" together with actions.kill_hook: choose one way to stop a job',
+            a.kill_via,
         )
     if config.alerts.retry_max_s < config.alerts.retry_initial_s:
         errors.add(

@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpu_triage import __version__
+from gpu_triage import __version__, logs
 from gpu_triage.config import Config, load_config, load_token, override
 from gpu_triage.control import QueuedControl
-from gpu_triage.detector import Detector, GpuView
+from gpu_triage.detector import Detector, GpuView, JobView
 from gpu_triage.detector import DetectorConfig as DetectorSettings
 from gpu_triage.eventstore import EventStore, StoreError
 from gpu_triage.fusion import job_views
@@ -37,6 +37,7 @@ from gpu_triage.progress import ProgressReader, ProgressView
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.sdnotify import SdNotifier
 from gpu_triage.snapshot import JobStatus, Snapshot
+from gpu_triage.stack_sampler import SamplerConfig, StackSampler
 from gpu_triage.states import Mode, Verdict
 from gpu_triage.telemetry.types import TelemetrySource
 
@@ -92,7 +93,8 @@ class Daemon:
             table_path=config.classifier.table,
             dwell_s=dict(config.classifier.dwell_s),
         )
-        self.detector = Detector(DetectorSettings(**asdict(config.detector)))
+        self.detector = Detector(detector_settings(config))
+        self.stacks = make_sampler(config)
         self.progress = ProgressReader(
             config.progress.dir, stale_after_s=config.progress.stale_after_s, host=socket.gethostname()
         )
@@ -253,6 +255,7 @@ class Daemon:
             log.exception("closing the telemetry source")
         if self.store is not None:
             self.store.close()
+        self.stacks.close()
 
     # -- the loop -------------------------------------------------------------------------------
     def run_forever(self) -> None:
@@ -378,6 +381,7 @@ class Daemon:
             version=__version__,
             untrusted_progress_files=self._untrusted,
             input_errors=self._input_errors(),
+            stacks=self.stacks.status(),
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
@@ -415,6 +419,7 @@ class Daemon:
             untrusted_files=untrusted_files,
         )
         self._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in self._process_view.untrusted)])
+        jobs = self._with_stacks(now, jobs)
         gviews = [
             GpuView(
                 g.gpu,
@@ -442,15 +447,45 @@ class Daemon:
                     now,
                     job=j.job,
                 )
+                logs.EVENTS.verdict(
+                    j.job,
+                    str(prev) if prev else None,
+                    str(j.verdict),
+                    cause=j.cause,
+                    signals=[str(x) for x in j.evidence.get("signals", []) or []],
+                    ranks=[r.rank for r in j.ranks],
+                    onset=j.onset,
+                    kill_worthy=j.kill_worthy,
+                )
                 self._verdicts[j.job] = j.verdict
         for gone in set(self._verdicts) - {j.job for j in results}:
-            self._event(
-                "verdict",
-                {"from": str(self._verdicts.pop(gone)), "to": None, "event": "job_gone"},
-                now,
-                job=gone,
-            )
+            last = str(self._verdicts.pop(gone))
+            self._event("verdict", {"from": last, "to": None, "event": "job_gone"}, now, job=gone)
+            logs.EVENTS.verdict(gone, last, None, cause="job_gone")
         return results
+
+    def _with_stacks(self, now: float, jobs: list[JobView]) -> list[JobView]:
+        """Ask the sampler for dumps of every job's proven live ranks (it decides what is due) and
+        hand each job its latest stacks."""
+        procs = self._process_view.jobs if self._process_view is not None else {}
+        out = []
+        for j in jobs:
+            pids = {r.rank: r.pid for r in j.ranks if r.proven and r.alive and r.pid is not None}
+            sizes = {p.world_size for p in procs.get(j.job, ()) if p.world_size is not None}
+            world = j.world_size if j.world_size is not None else (sizes.pop() if len(sizes) == 1 else None)
+            prev = self._verdicts.get(j.job)
+            self.stacks.request(
+                now,
+                j.job,
+                pids,
+                urgent=prev is not None and prev is not Verdict.HEALTHY,
+                blind=not j.has_progress,
+                world_size=world,
+            )
+            summary = self.stacks.summary(j.job)
+            out.append(replace(j, stacks=summary) if summary is not None else j)
+        self.stacks.forget({j.job for j in jobs})
+        return out
 
     def _event(
         self,
@@ -496,7 +531,10 @@ class Daemon:
                 source=self.config.daemon.source,
             ),
         )
-        self.detector.config = DetectorSettings(**asdict(new.detector))
+        self.detector.config = detector_settings(new)
+        if new.stacks != self.config.stacks:
+            self.stacks.close()
+            self.stacks = make_sampler(new)
         if new.progress != self.config.progress:
             self.progress = ProgressReader(
                 new.progress.dir, stale_after_s=new.progress.stale_after_s, host=socket.gethostname()
@@ -526,6 +564,27 @@ def validate_classifier(config: Config) -> None:
     except TableError as e:
         key = "classifier.table" if c.table is not None else "classifier.model"
         raise ConfigError([f"{config.origin}: {key}: {e}"]) from None
+
+
+def detector_settings(config: Config) -> DetectorSettings:
+    return DetectorSettings(**asdict(config.detector), **config.stacks.detector_settings())
+
+
+def make_sampler(config: Config) -> StackSampler:
+    s = config.stacks
+    return StackSampler(
+        SamplerConfig(
+            enabled=s.enabled,
+            py_spy=s.py_spy,
+            nonblocking=s.nonblocking,
+            healthy_interval_s=s.healthy_interval_s,
+            blind_interval_s=s.blind_interval_s,
+            suspect_interval_s=s.suspect_interval_s,
+            timeout_s=s.timeout_s,
+            budget_cpu_s_per_min=s.budget_cpu_s_per_min,
+            max_parallel=s.max_parallel,
+        )
+    )
 
 
 def progress_claims(view: ProgressView, host: str) -> list[ProgressClaim]:

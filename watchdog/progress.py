@@ -1,7 +1,7 @@
 """The daemon's side of the progress contract: read the trainers' progress files.
 
-Layout and fields: DESIGN "Trainer <-> watchdog" (the writer is ``trainer/progress.py``; this module
-does not import it). ``<dir>/<job>/rank-<rank>.json``.
+Layout, fields, phases and limits come from the contract module, :mod:`gpu_triage.contract` (which
+also holds the writer the trainer and the integrations use). ``<dir>/<job>/rank-<rank>.json``.
 
 Pure parts, usable by the detector and its tests without files:
 
@@ -40,23 +40,8 @@ from typing import Any
 
 import psutil
 
-PHASES = ("init", "train", "eval", "checkpoint", "epoch_end", "done")
-FIELDS = (
-    "job",
-    "rank",
-    "local_rank",
-    "world_size",
-    "pid",
-    "host",
-    "step",
-    "epoch",
-    "tokens",
-    "phase",
-    "lease_until",
-    "time",
-)
-STALE_AFTER_S = 600.0
-MAX_FILE_BYTES = 64 * 1024
+from gpu_triage.contract import FIELDS, LEASE_SCOPES, MAX_FILE_BYTES, PHASES, STALE_AFTER_S
+
 MAX_DEPTH = 4
 """Nesting of JSON arrays/objects a progress file may have (the contract's record is flat: depth 1)."""
 MAX_RANK = 1_000_000
@@ -104,9 +89,6 @@ class ProgressRecord:
     lease_scope: str | None = None
     """Optional ``lease_scope``: ``"job"`` when the trainer announces every collective phase on every
     rank (waiting ranks included), ``"rank"`` or absent when only the ranks doing the work do."""
-
-
-LEASE_SCOPES = ("job", "rank")
 
 
 # ------------------------------------------------------------------------------------------ pure

@@ -46,11 +46,9 @@ def run_daemon(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"gpu-watchdog run: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.daemon.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from gpu_triage.logs import configure as configure_logging
+
+    configure_logging(config.daemon.log_level, config.daemon.log_format, stream=sys.stderr)
     try:
         source = make_source(config.daemon.source, deadline_s=config.daemon.nvml_deadline_s, log=log)
     except (ValueError, TelemetryUnavailable) as e:

@@ -98,3 +98,6 @@ class Snapshot:
     judge), ``store`` (the event store on memory only), ``actions`` (the action engine raised)."""
     failed_cycles: int = 0
     """Consecutive cycles that raised before publishing (this snapshot is the last good one)."""
+    stacks: dict[str, Any] = field(default_factory=dict)
+    """The stack sampler's status: state (available, py_spy_missing, ptrace_denied, disabled), its
+    CPU spend over the last minute against its budget, dump counters."""

@@ -356,7 +356,7 @@ def test_metrics_content_types(client: TestClient) -> None:
     # prometheus_client's own choice for a scraper that states no preference (text format 0.0.4)
     assert text.headers["content-type"] == choose_encoder("")[1]
     assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
-    assert 'gpu_watchdog_verdict{job="qwen3-32b-ft",verdict="deadlock_suspected"} 1.0' in text.text
+    assert 'gpu_watchdog_verdict{training_job="qwen3-32b-ft",verdict="deadlock_suspected"} 1.0' in text.text
     openmetrics = client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert openmetrics.headers["content-type"].startswith(OPENMETRICS_CONTENT_TYPE.split(";")[0])
     assert openmetrics.text.endswith("# EOF\n")

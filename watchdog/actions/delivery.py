@@ -40,7 +40,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_triage.actions.alerts import Alert, endpoint, render
+from gpu_triage import logs
+from gpu_triage.actions.alerts import ALERT_NAMES, Alert, endpoint, render
 from gpu_triage.config import AlertsConfig, ConfigError, SinkConfig, load_secret
 from gpu_triage.eventstore import EventStore, OutboxItem, StoreError
 
@@ -490,6 +491,18 @@ class Delivery:
         }
         with contextlib.suppress(StoreError):
             self.store.append("alert", payload, time_s=now, job=alert.job)
+        logs.EVENTS.delivery(
+            ALERT_NAMES.get(alert.condition, alert.condition),  # type: ignore[call-overload]
+            alert.job,
+            alert.status,
+            str(payload.get("event")),
+            **{
+                k: payload[k]
+                for k in ("sink", "sink_kind", "http_status", "attempts", "error")
+                if k in payload
+            },
+            dedup_key=alert.dedup_key,
+        )
 
 
 __all__ = ["Delivery", "PostResult", "SinkSender", "backoff_s", "post_json"]
