@@ -15,7 +15,7 @@ a *clean* outcome:
   :class:`ProgressReader` over the file lists it as a per-file error or reads it.
 
 Anything else is a traceback; an input taking more than ``HANG_S`` is a hang (SIGALRM). The summary
-is one JSON line on stdout: counts, the slowest input, peak RSS (``ru_maxrss``) and every failure.
+is one JSON line on stdout: counts, the slowest input, peak RSS (``VmHWM``) and every failure.
 """
 
 from __future__ import annotations
@@ -226,6 +226,16 @@ FORMATS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes, Path], str]
 }
 
 
+def _peak_rss_mb() -> float:
+    """This process image's peak RSS: ``VmHWM`` (reset by exec, unlike ``ru_maxrss``, which would
+    count the forked parent's pages)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _alarm(*_args: object) -> None:
     raise TimeoutError(f"input took more than {HANG_S} s")
 
@@ -267,7 +277,7 @@ def main(argv: list[str]) -> int:
                 signal.alarm(0)
             slowest = max(slowest, time.monotonic() - started)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = _peak_rss_mb()
     print(
         json.dumps(
             {
