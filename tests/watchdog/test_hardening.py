@@ -131,6 +131,34 @@ def test_item1_a_job_the_detector_cannot_judge_stays_in_that_job(monkeypatch) ->
     assert "fine" not in detector.job_errors
 
 
+def test_item1_daemon_reports_a_job_it_cannot_judge_once_and_keeps_the_others(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    progress = tmp_path / "progress"
+    write(progress, "good", "rank-0.json", record("good", 0, 1))
+    write(progress, "cursed", "rank-0.json", record("cursed", 0, 1))
+    daemon = daemon_for(tmp_path)
+    original = daemon.detector._job
+
+    def flaky(now, job, *args):
+        if job.job == "cursed":
+            raise KeyError("a bug in the detector")
+        return original(now, job, *args)
+
+    monkeypatch.setattr(daemon.detector, "_job", flaky)
+    daemon.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="gpu_watchdog"):
+            snaps = [daemon.cycle(time.time() + i) for i in range(3)]
+    finally:
+        daemon.close()
+    jobs = {j.job: j for j in snaps[-1].jobs}
+    assert jobs["cursed"].cause == "detector_error" and not jobs["cursed"].kill_worthy
+    assert jobs["good"].cause != "detector_error"
+    assert [e["where"] for e in snaps[-1].input_errors if e["kind"] == "job"] == ["cursed"]
+    assert sum("could not judge job cursed" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_item1_healthz_turns_failing_when_the_cycle_keeps_failing(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
