@@ -306,6 +306,21 @@ class Daemon:
         latest = self.snapshots.latest()
         if latest is not None:
             self.snapshots.publish(replace(latest, failed_cycles=self.failed_cycles))
+        elif self.failed_cycles >= 3:  # never a good cycle: say "failing", not "starting" forever
+            self.snapshots.publish(
+                Snapshot(
+                    node=self.node,
+                    source=self.source.name,
+                    mode=self.mode,
+                    armed=self.mode is not Mode.OBSERVE,
+                    cycle=self.cycle_no,
+                    time=self.started_at,
+                    period_s=self.config.daemon.period_s,
+                    started_at=self.started_at,
+                    version=__version__,
+                    failed_cycles=self.failed_cycles,
+                )
+            )
 
     def cycle(self, now: float) -> Snapshot:
         """One cycle at epoch time ``now``; returns (and publishes) the snapshot."""

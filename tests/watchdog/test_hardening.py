@@ -189,6 +189,37 @@ def test_item1_healthz_turns_failing_when_the_cycle_keeps_failing(tmp_path: Path
         daemon.close()
 
 
+def test_item1_a_daemon_whose_first_cycles_all_fail_is_failing_not_starting(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from gpu_triage.api import create_app
+
+    class Broken(NoneSource):
+        def sample(self, now):
+            raise OSError("the telemetry source is broken")
+
+    config = daemon_for(tmp_path).config
+    daemon = Daemon(config, Broken(), serve_http=False)
+    daemon.start()
+    app = create_app(
+        snapshots=daemon.snapshots, events=None, table=dict, control=daemon.control, token=None, period_s=1.0
+    )
+    client = TestClient(app)
+    thread = threading.Thread(target=daemon.run_forever, daemon=True)
+    daemon.config = override(config, {"daemon.period_s": 0.1}, origin="test")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and daemon.failed_cycles < 3:
+            time.sleep(0.05)
+        response = client.get("/healthz")
+    finally:
+        daemon.stop()
+        thread.join(10)
+        daemon.close()
+    assert response.status_code == 503 and response.json()["status"] == "failing"
+
+
 # ----------------------------------------------------------------------------------- item 2
 
 
