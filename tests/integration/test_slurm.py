@@ -132,6 +132,7 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
             task_prolog=_wrapper(etc / "task-prolog", "task-prolog.sh", progress),
             kill_wait_s=60,  # Slurm's own SIGKILL comes much later than the watchdog's SIGKILL rung
         )
+        proctrack = cluster.proctrack
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # the daemon's squeue/scancel
         config = override(
             load_config(None, {}),
@@ -243,6 +244,8 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
     assert term[0]["via"] == "slurm" and term[0]["slurm_job"] == hung, term[0]
     assert Path(term[0]["argv"][0]).name == "scancel" and term[0]["argv"][1:] == [hung], term[0]
     assert "stepd" in term[0]["confirmed_by"] and term[0]["uid"] == uid, term[0]
+    if proctrack == "cgroup":  # slurmd put the ranks in the job's cgroup: a second confirmation
+        assert "cgroup" in term[0]["confirmed_by"], term[0]
     # The job ignores SIGTERM: the SIGKILL rung asked Slurm first; Slurm refuses to signal a job it is
     # already cancelling (it waits out its own KillWait), so the survivors were signalled directly.
     kill = [a for a in mine if a["action"] == "sigkill" and a["result"] == "ok"]
