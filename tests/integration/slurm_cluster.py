@@ -5,9 +5,11 @@ Slurm or MariaDB configuration is read or touched (``SLURM_CONF`` points at the 
 Why these choices (they are what works in a container, and what the operator guide documents):
 
 - ``ProctrackType=proctrack/cgroup`` where the cgroup v1 freezer hierarchy is writable (it is in
-  this project's CI container), else - or when slurmd does not come up with it - ``proctrack/linuxproc``
-  (:attr:`SlurmCluster.proctrack` says which ran). Under cgroup the ranks' cgroup path names the job;
-  under linuxproc only their root-owned ``slurmstepd: [<job>.<step>]`` parent does. The watchdog's
+  the container it was developed in), else - or when slurmd does not come up with it -
+  ``proctrack/linuxproc`` (:attr:`SlurmCluster.proctrack` says which ran;
+  ``GPU_WATCHDOG_TEST_PROCTRACK=linuxproc`` forces the other). Under cgroup the ranks' cgroup path
+  names the job; under linuxproc only their root-owned ``slurmstepd: [<job>.<step>]`` parent does. The
+  watchdog's
   identity check reads both, so the test runs either way. ``TaskPlugin=task/none``: no CPU binding or
   memory limits are needed;
 - ``sacct`` needs accounting storage: ``accounting_storage/slurmdbd`` in front of a throwaway MariaDB
