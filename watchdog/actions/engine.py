@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_triage import logs
 from gpu_triage.actions import ras
 from gpu_triage.actions.alerts import (
     Alert,
@@ -1112,6 +1113,7 @@ class ActionEngine:
             for r in records:
                 self._counters[(r["action"], r["result"])] += 1
         for r in records:
+            logs.EVENTS.action(r)  # evidence, kill and refusal lines (gpu_triage.logs)
             try:
                 self.store.append("action", jsonable(r), time_s=r["time"], job=r.get("job"))
             except StoreError as e:
