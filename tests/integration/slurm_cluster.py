@@ -4,10 +4,14 @@ Slurm or MariaDB configuration is read or touched (``SLURM_CONF`` points at the 
 
 Why these choices (they are what works in a container, and what the operator guide documents):
 
-- ``ProctrackType=proctrack/linuxproc`` and ``TaskPlugin=task/none``: ``proctrack/cgroup`` needs a
-  writable cgroup hierarchy that a container rarely has; linuxproc tracks a step's processes through
-  their parent chain, which is also what the watchdog's Slurm identity check reads (a root-owned
-  ``slurmstepd: [<job>.<step>]`` parent);
+- ``ProctrackType=proctrack/cgroup`` where the cgroup v1 freezer hierarchy is writable (it is in
+  the container it was developed in), else - or when slurmd does not come up with it -
+  ``proctrack/linuxproc`` (:attr:`SlurmCluster.proctrack` says which ran;
+  ``GPU_WATCHDOG_TEST_PROCTRACK=linuxproc`` forces the other). Under cgroup the ranks' cgroup path
+  names the job; under linuxproc only their root-owned ``slurmstepd: [<job>.<step>]`` parent does. The
+  watchdog's
+  identity check reads both, so the test runs either way. ``TaskPlugin=task/none``: no CPU binding or
+  memory limits are needed;
 - ``sacct`` needs accounting storage: ``accounting_storage/slurmdbd`` in front of a throwaway MariaDB
   (Slurm 22.05 has no file-based accounting storage; ``jobcomp/filetxt`` only feeds a log that
   ``sacct`` does not read);
@@ -66,6 +70,9 @@ class SlurmCluster:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.ports = {k: free_port() for k in ("ctld", "slurmd", "dbd", "mysql")}
+        self.proctrack = os.environ.get("GPU_WATCHDOG_TEST_PROCTRACK") or (
+            "cgroup" if os.access("/sys/fs/cgroup/freezer", os.W_OK) else "linuxproc"
+        )
 
     # ---------------------------------------------------------------------------------- commands
 
@@ -157,7 +164,7 @@ class SlurmCluster:
             f"StateSaveLocation={b / 'state'}\nSlurmdSpoolDir={b / 'spool'}\n"
             f"SlurmctldPidFile={b / 'run' / 'slurmctld.pid'}\nSlurmdPidFile={b / 'run' / 'slurmd.pid'}\n"
             f"SlurmctldLogFile={b / 'log' / 'slurmctld.log'}\nSlurmdLogFile={b / 'log' / 'slurmd.log'}\n"
-            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+            "ProctrackType=proctrack/@PROCTRACK@\nTaskPlugin=task/none\n"
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
             "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/slurmdbd\n"
             f"AccountingStorageHost=127.0.0.1\nAccountingStoragePort={self.ports['dbd']}\n"
@@ -167,8 +174,21 @@ class SlurmCluster:
             f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()} CPUs=4 State=UNKNOWN\n"
             f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO\n"
         )
+        (b / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+        template = self.conf.read_text()
         self._spawn("slurmdbd", first_binary("slurmdbd"), "-D")
         self._wait(lambda: _listening(self.ports["dbd"]), 60, "slurmdbd")
+        try:
+            self._start_controller_and_node(template)
+        except RuntimeError:
+            if self.proctrack != "cgroup":
+                raise
+            self._stop_procs(("slurmd", "slurmctld"))  # cgroup unusable after all: the portable plugin
+            self.proctrack = "linuxproc"
+            self._start_controller_and_node(template)
+
+    def _start_controller_and_node(self, template: str) -> None:
+        self.conf.write_text(template.replace("@PROCTRACK@", self.proctrack))
         self._spawn("slurmctld", first_binary("slurmctld"), "-D", "-i")
         self._wait(lambda: self.run("scontrol", "ping", check=False).returncode == 0, 60, "slurmctld")
         self._spawn("slurmd", first_binary("slurmd"), "-D", "-N", NODE)
@@ -183,7 +203,18 @@ class SlurmCluster:
                 self._wait(
                     lambda: not self.run("squeue", "-h", "-o", "%i", check=False).stdout.strip(), 30, "jobs"
                 )
-        for name in ("slurmd", "slurmctld", "slurmdbd", "mariadbd", "munged"):
+        self._stop_procs(("slurmd", "slurmctld", "slurmdbd", "mariadbd", "munged"))
+        shutil.rmtree(self.base, ignore_errors=True)
+        hierarchy = Path(f"/sys/fs/cgroup/freezer/slurm_{NODE}")  # proctrack/cgroup's, if it made one
+        if hierarchy.is_dir():
+            for d in sorted((p for p in hierarchy.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    d.rmdir()  # only an empty cgroup goes
+            with contextlib.suppress(OSError):
+                hierarchy.rmdir()
+
+    def _stop_procs(self, names: tuple[str, ...]) -> None:
+        for name in names:
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue
@@ -193,7 +224,6 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-        shutil.rmtree(self.base, ignore_errors=True)
 
     def logs(self) -> str:
         """The tail of every daemon log (for an assertion message)."""

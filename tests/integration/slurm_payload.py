@@ -5,7 +5,8 @@
 batches) and rank 1 stays in ``train`` with its step frozen - the epoch-end deadlock; every process
 of the job ignores SIGTERM (a rank stuck in a collective often does), so only a SIGKILL ends it.
 
-Progress goes through the trainer's own writer (``ft_trainer.progress.ProgressWriter.from_env``) into
+Progress goes through the trainer's own writer (``ProgressWriter.from_env`` of the contract module
+``gpu_triage.contract``, which ``ft_trainer.progress`` re-exports) into
 ``$GPU_WATCHDOG_PROGRESS_DIR/$GPU_WATCHDOG_JOB/``, which the cluster's TaskProlog sets. Standard
 library only besides that module, so it runs as an unprivileged job user from a copied directory.
 """
@@ -23,7 +24,7 @@ DEADLOCK_AFTER_STEPS = 25
 
 
 def rank(mode: str) -> None:
-    from ft_trainer.progress import ProgressWriter
+    from gpu_triage.contract import ProgressWriter  # what ft_trainer.progress re-exports
 
     writer = ProgressWriter.from_env()
     writer.phase("train")

@@ -107,11 +107,12 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
     progress = cluster.progress_root
     progress.mkdir(mode=0o755)
     work = cluster.base / "work"
-    (work / "ft_trainer").mkdir(parents=True)
+    (work / "gpu_triage").mkdir(parents=True)
     work.chmod(0o1777)
-    # The job runs the trainer's real progress writer, copied where the job user can read it.
-    shutil.copy(REPO / "trainer" / "progress.py", work / "ft_trainer" / "progress.py")
-    (work / "ft_trainer" / "__init__.py").write_text("")
+    # The job runs the real progress writer (the contract module, standard library only), copied where
+    # the job user can read it.
+    shutil.copy(REPO / "watchdog" / "contract.py", work / "gpu_triage" / "contract.py")
+    (work / "gpu_triage" / "__init__.py").write_text("")
     shutil.copy(Path(__file__).with_name("slurm_payload.py"), work / "slurm_payload.py")
     for p in work.rglob("*"):
         p.chmod(0o755)
@@ -125,6 +126,7 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
     daemon = None
     loop = None
     server = None
+    outputs = ""
     try:
         cluster.start(
             prolog=_wrapper(etc / "prolog", "prolog.sh", progress),
@@ -132,6 +134,7 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
             task_prolog=_wrapper(etc / "task-prolog", "task-prolog.sh", progress),
             kill_wait_s=60,  # Slurm's own SIGKILL comes much later than the watchdog's SIGKILL rung
         )
+        proctrack = cluster.proctrack
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # the daemon's squeue/scancel
         config = override(
             load_config(None, {}),
@@ -148,6 +151,9 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
                 "actions.sigkill_grace_s": 3.0,
                 "actions.capture_timeout_s": 20.0,
                 "detector.confirm_after_s": 4.0,
+                # Only the progress-file path (K1) is under test; and on a shared machine the stack
+                # sampler would attach py-spy to other people's processes the environment scan finds.
+                "stacks.enabled": False,
             },
             origin="test",
         )
@@ -218,6 +224,9 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
         hung_alive = [p for p in seen.get(hung_name, []) if _alive(p)]
         steady_alive = [p for p in seen.get(steady_name, []) if _alive(p)]
     finally:
+        outputs = "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in work.glob("*.out")
+        )
         if server is not None:
             server.shutdown()
         if daemon is not None:
@@ -233,7 +242,7 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
         [(a["action"], a["result"], a.get("argv"), a.get("refused"), a.get("errors")) for a in actions]
     )
     # Named by its Slurm id (the task prolog's GPU_WATCHDOG_JOB and the ranks' SLURM_JOB_ID agree).
-    assert set(seen) == {steady_name, hung_name}, summary
+    assert set(seen) == {steady_name, hung_name}, f"{summary}\n{outputs}"
     assert any(
         e["kind"] == "verdict" and e.get("job") == hung_name and e["payload"]["to"] == "deadlock_confirmed"
         for e in events
@@ -243,6 +252,8 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
     assert term[0]["via"] == "slurm" and term[0]["slurm_job"] == hung, term[0]
     assert Path(term[0]["argv"][0]).name == "scancel" and term[0]["argv"][1:] == [hung], term[0]
     assert "stepd" in term[0]["confirmed_by"] and term[0]["uid"] == uid, term[0]
+    if proctrack == "cgroup":  # slurmd put the ranks in the job's cgroup: a second confirmation
+        assert "cgroup" in term[0]["confirmed_by"], term[0]
     # The job ignores SIGTERM: the SIGKILL rung asked Slurm first; Slurm refuses to signal a job it is
     # already cancelling (it waits out its own KillWait), so the survivors were signalled directly.
     kill = [a for a in mine if a["action"] == "sigkill" and a["result"] == "ok"]

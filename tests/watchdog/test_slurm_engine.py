@@ -62,6 +62,7 @@ def test_a_forged_slurm_job_id_is_never_scancelled(
     if kill_via == "slurm":
         assert sigterm[0]["result"] == "refused" and "not confirmed" in sigterm[0]["refused"], sigterm[0]
         assert all(alive(p) for p in pids)
+        assert store.kv_get("actions.kill_times", None) == []  # nothing sent: the hourly budget is intact
     else:
         assert sigterm[0]["result"] == "ok" and sigterm[0]["signalled"], sigterm[0]
         assert "not confirmed" in sigterm[0]["slurm_refused"]

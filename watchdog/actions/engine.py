@@ -200,6 +200,8 @@ class _Kill:
     plan: KillPlan | None = None
     term_time: float | None = None
     alert_key: str | None = None
+    counted_at: float | None = None
+    """Its entry in the kills-per-hour budget (returned when nothing was sent after all)."""
     slurm_refused: str | None = None
     """Why the ranks' claimed Slurm job was not cancelled through Slurm (kill_via "auto" signals)."""
     slurm: SlurmTarget | None = None
@@ -823,6 +825,7 @@ class ActionEngine:
             self._kv_set(KV_KILLS, self._kill_times, now)
         ep.kill_started = True
         k = _Kill(job.job, bool(a.kill_hook), a.dry_run, "term_running", alert_key=ep.alert_key)
+        k.counted_at = None if a.dry_run else now
         self._kills[job.job] = k
         values = {"job": job.job, "node": self.node, "pids": ",".join(map(str, pids))}
         ranks = [(p.pid, p.proof, p.uid) for p in procs if p.alive and p.proof]
@@ -1062,6 +1065,9 @@ class ActionEngine:
             if outcome.extra.get("refused") or outcome.extra.get("failed"):
                 k.stage = "done"  # kill_via "slurm": nothing was sent, nothing else will be
                 result = "refused" if outcome.extra.get("refused") else "error"
+                if k.counted_at in self._kill_times:  # nothing was sent: no kill to count
+                    self._kill_times.remove(k.counted_at)
+                    self._kv_set(KV_KILLS, self._kill_times, now)
             elif outcome.plan.empty:
                 k.stage = "done"
                 result = "no_targets"
