@@ -386,6 +386,16 @@ def test_item5_non_finite_numbers_are_refused(tmp_path: Path) -> None:
         load_config(None, {"GPU_WATCHDOG_DETECTOR__FAST_MIN_S": "nan"})
 
 
+def test_item5_a_written_nan_in_a_recording_is_an_error_a_missing_cell_is_not(tmp_path: Path) -> None:
+    csv = tmp_path / "nan.csv"
+    rows = ["2024/01/01 00:00:00.000, 0, 100.0 W, 50 %", "2024/01/01 00:00:01.000, 0, [N/A], 50 %"]
+    csv.write_text(CSV_HEADER + "\n".join(rows) + "\n")
+    assert len(NvsmiCsvReader(csv).read_all()) == 2
+    csv.write_text(CSV_HEADER + "\n".join([*rows, "2024/01/01 00:00:02.000, 0, NaN W, 50 %"]) + "\n")
+    with pytest.raises(RecordingError, match=r"nan.csv:4:3: power.draw: 'NaN W' is not finite"):
+        NvsmiCsvReader(csv).read_all()
+
+
 def test_item5_json_output_is_json_even_with_non_finite_values(tmp_path: Path, monkeypatch, capsys) -> None:
     from gpu_triage import cli
     from gpu_triage.triage import engine
