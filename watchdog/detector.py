@@ -280,6 +280,8 @@ class Detector:
     def __init__(self, config: DetectorConfig = DetectorConfig()) -> None:
         self.config = config
         self._jobs: dict[str, _JobMemory] = {}
+        self.job_errors: dict[str, str] = {}
+        """Job -> the error that kept the detector from judging it in the last :meth:`update`."""
         self._gpu_unknown_since: dict[int, float] = {}
 
     def forget(self, job: str) -> None:
@@ -300,10 +302,49 @@ class Detector:
         # such inferred GPUs are context, never hang evidence. Otherwise it is reported unmapped.
         claimed = any(r.gpu is not None for j in jobs for r in j.ranks)
         inferred = tuple(gpus) if len(jobs) == 1 and not claimed else ()
-        out = [self._job(now, job, by_gpu, telemetry_ok, inferred) for job in jobs]
+        out = []
+        self.job_errors = {}
+        for job in jobs:
+            try:
+                out.append(self._job(now, job, by_gpu, telemetry_ok, inferred))
+            except Exception as e:  # one job's failure stays in that job (reported, never a kill)
+                out.append(self._failed_job(now, job, e))
         for gone in set(self._jobs) - {j.job for j in jobs}:
             del self._jobs[gone]
         return out
+
+    def _failed_job(self, now: float, job: JobView, error: Exception) -> JobStatus:
+        """The status of a job the detector could not judge this cycle: its last verdict kept (or
+        telemetry_lost: the watchdog cannot see), never kill-worthy, the error in the evidence."""
+        text = f"{type(error).__name__}: {error}"[:300]
+        self.job_errors[job.job] = text
+        mem = self._jobs.get(job.job)
+        if mem is not None and mem.raised is None:
+            mem = None  # first seen this cycle: no verdict of its own to keep
+        verdict = mem.verdict if mem is not None else Verdict.TELEMETRY_LOST
+        ranks = tuple(
+            RankStatus(
+                rank=r.rank,
+                pid=r.pid,
+                gpu=r.gpu,
+                step=r.step,
+                phase=r.phase,
+                lease_until=r.lease_until,
+                alive=r.alive,
+                process_status=r.status,
+            )
+            for r in job.ranks
+        )
+        return JobStatus(
+            job=job.job,
+            ranks=ranks,
+            verdict=verdict,
+            onset=mem.onset if mem is not None else None,
+            raised=mem.raised if mem is not None else now,
+            evidence={"detector_error": text},
+            cause="detector_error",
+            kill_worthy=False,
+        )
 
     # -- one job ------------------------------------------------------------------------------
     def _job(

@@ -5,6 +5,7 @@ SIGHUP and SIGTERM), and in-process with a fake NVML whose call hangs (the only 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -107,12 +108,27 @@ def test_make_run_serves_8_b300_and_reports_the_epoch_end_deadlock(tmp_path: Pat
         assert {g["state"] for g in gpus} == {"checkpoint_or_deadlock"}
         events = httpx.get(f"{base}/events?since=0&limit=1000", timeout=2).json()["events"]
         assert any(e["kind"] == "verdict" and e["payload"]["to"] == "deadlock_suspected" for e in events)
+        wait_for(
+            lambda: any(
+                e["kind"] == "evidence"
+                for e in httpx.get(f"{base}/events?since=0&limit=1000", timeout=2).json()["events"]
+            ),
+            60,
+            "the evidence bundle (captured in observe mode too)",
+        )
     finally:
         code = stop(proc)
         out = proc.stdout.read()
     assert code == 0, out[-3000:]
     assert "SIMULATION" in out and f"curl -s 127.0.0.1:{port}/status" in out
     assert "deadlock_suspected" in out  # the one-line summary printed it
+    # The daemon's log: the deadlock and its evidence, each one structured line (gpu_triage.logs).
+    lines = [line.partition("gpu_watchdog.events: ")[2] for line in out.splitlines()]
+    verdict = [x for x in lines if x.startswith("verdict job=qwen3-32b-ft ") and "-> deadlock_suspected" in x]
+    assert verdict and "signals=" in verdict[0] and "onset=" in verdict[0], out[-3000:]
+    evidence = [x for x in lines if x.startswith("evidence job=qwen3-32b-ft bundle written path=")]
+    assert evidence, out[-3000:]
+    assert Path(evidence[0].split("path=")[1].split()[0]).is_dir()
 
 
 def write_config(path: Path, state: Path, progress: Path, port: int, mode: str = "observe") -> Path:
@@ -154,7 +170,7 @@ def test_run_replays_a_recording_reloads_on_sighup_and_stops_on_sigterm(tmp_path
         assert {g["state"] for g in first["gpus"]} == {"compute"}
         # /metrics of the live daemon is clean for promtool
         metrics = httpx.get(f"{base}/metrics", timeout=2).text
-        assert 'gpu_watchdog_state{gpu="0"' in metrics
+        assert re.search(r'gpu_watchdog_state\{[^}]*gpu="0"', metrics)
         promtool = require_binary("promtool", "Debian package prometheus")
         check = subprocess.run([promtool, "check", "metrics"], input=metrics, capture_output=True, text=True)
         assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check

@@ -167,7 +167,7 @@ def test_plain_deepspeed_epoch_end_deadlock_is_kill_worthy_from_stacks_alone(tmp
             for fam in text_string_to_metric_families(metrics)
             if fam.name == "gpu_watchdog_rank_stack_phase"
             for s in fam.samples
-            if s.labels.get("job") == name
+            if s.labels.get("training_job") == name
         }
         assert phases[("0", "collective")] == phases[("1", "collective")] == 1.0, phases
         assert phases[("1", "checkpoint")] == 0.0
