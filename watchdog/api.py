@@ -223,7 +223,8 @@ class StatusDoc(_Doc):
     stacks: dict[str, Any] = Field(
         default_factory=dict,
         description="Stack sampler (py-spy): state (available, py_spy_missing, ptrace_denied, disabled), "
-        "cpu_s_last_min against budget_cpu_s_per_min, dump counters; per-job stacks are in the job evidence",
+        "cpu_s_last_min against budget_cpu_s_per_min, dump counters, nccl_ras (the RAS poller); per-job "
+        "stacks and RAS facts are in the job evidence",
     )
 
 
