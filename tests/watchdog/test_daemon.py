@@ -135,6 +135,8 @@ def write_config(path: Path, state: Path, progress: Path, port: int, mode: str =
     path.write_text(
         f'[daemon]\nnode = "test-node"\nlisten = "127.0.0.1:{port}"\nstate_dir = "{state}"\nperiod_s = 0.2\n'
         f'[progress]\ndir = "{progress}"\n[actions]\nmode = "{mode}"\n'
+        # no py-spy sampling: on a shared machine it would judge other people's jobs from their stacks
+        "[stacks]\nenabled = false\n"
     )
     return path
 
