@@ -35,6 +35,7 @@ class Seen:
     phases: dict[int, str]
     steps: dict[int, int | None]
     signals: tuple[str, ...]
+    evidence: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -132,6 +133,7 @@ def run_with_daemon(
                             {r.rank: r.phase or "" for r in j.ranks},
                             {r.rank: r.step for r in j.ranks},
                             tuple(j.evidence.get("signals", ())),
+                            dict(j.evidence),
                         )
                         timeline.append(seen)
                         if stop_when is not None and stop_when(seen):
