@@ -285,6 +285,10 @@ class ProgressWriter:
     def current_phase(self) -> str:
         return str(self._record["phase"])
 
+    @property
+    def min_interval_s(self) -> float:
+        return self._min_interval_s
+
     def _mine(self) -> bool:
         return os.getpid() == self._owner_pid
 

@@ -32,8 +32,9 @@ ranks announce a phase (rank 0 evaluating alone).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ class Progress:
         policy: LeasePolicy | None = None,
         flusher: bool = True,
         heartbeat_s: float = 30.0,
-        monotonic: Any = time.monotonic,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.writer = writer
         self.leases = LeaseEstimator(policy)
@@ -68,7 +69,7 @@ class Progress:
         self._stack: list[tuple[str, float, str]] = []
         """Open phase blocks: (phase, start on the monotonic clock, the phase to return to)."""
         self._closed = False
-        self.flusher = Flusher(writer, interval_s=writer._min_interval_s, heartbeat_s=heartbeat_s)
+        self.flusher = Flusher(writer, interval_s=writer.min_interval_s, heartbeat_s=heartbeat_s)
         self.enter("init")
         if flusher:
             self.flusher.start()
@@ -113,8 +114,6 @@ class Progress:
         **writer_kwargs: Any,
     ) -> Progress:
         """Rank facts from a framework (a Lightning trainer, an accelerate ``Accelerator``)."""
-        import os
-
         env = os.environ if env is None else env
         job = job or env.get(ENV_JOB)
         if not job:
