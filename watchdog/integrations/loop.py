@@ -148,8 +148,11 @@ class Progress:
                 phase, lease_s=self.leases.lease_s(phase), keep_alive_s=self.leases.keep_alive_s(phase)
             )
 
-    def train(self) -> None:
-        """Training (again): steps advancing are the proof of life."""
+    def train(self, step: int | None = None, *, epoch: int | None = None, tokens: int | None = None) -> None:
+        """Training (again): steps advancing are the proof of life. ``step`` (a resume's position) goes
+        into the same write."""
+        if step is not None:
+            self.writer.step(step, epoch=epoch, tokens=tokens, write=False)
         self.writer.phase("train")
 
     def step(self, step: int, *, epoch: int | None = None, tokens: int | None = None) -> None:
@@ -164,15 +167,24 @@ class Progress:
         self._stack.append((phase, self._monotonic(), self.phase_now))
         self.enter(phase)
 
-    def end(self, phase: str | None = None) -> float | None:
+    def end(self, phase: str | None = None, *, then: str | None = None) -> float | None:
         """Close the innermost open phase (``phase`` names it, as a check; a mismatch closes nothing),
-        learn its duration, and return to the phase it interrupted. Returns the duration."""
+        learn its duration, and return to the phase it interrupted - or, with ``then``, go straight on
+        into that leased phase (an evaluation followed by a save), writing no ``train`` in between.
+        Returns the duration."""
         if not self._stack or (phase is not None and self._stack[-1][0] != phase):
             return None
+        if then is not None and (then not in PHASES or then == "train"):
+            raise ValueError(f"end: then={then!r} is not a leased phase ({', '.join(PHASES)})")
         name, start, back_to = self._stack.pop()
-        duration_s = max(0.0, self._monotonic() - start)
+        now = self._monotonic()
+        duration_s = max(0.0, now - start)
         self.leases.observe(name, duration_s)
-        self.enter(back_to)  # a fresh lease when that phase is a leased one
+        if then is not None:
+            self._stack.append((then, now, back_to))
+            self.enter(then)
+        else:
+            self.enter(back_to)  # a fresh lease when that phase is a leased one
         return duration_s
 
     def in_phase(self, phase: str) -> bool:
@@ -198,8 +210,10 @@ class Progress:
         """End-of-epoch collectives (statistics, a barrier, re-sharding the data)."""
         return self.phase("epoch_end")
 
-    def done(self) -> None:
+    def done(self, step: int | None = None, *, epoch: int | None = None, tokens: int | None = None) -> None:
         """The run is over (the process may still tear down): ``done`` with its lease."""
+        if step is not None:
+            self.writer.step(step, epoch=epoch, tokens=tokens, write=False)
         self._stack.clear()
         self.enter("done")
 
