@@ -173,7 +173,30 @@ def _am_alerts(am_url: str) -> list[dict[str, Any]]:
         alerts = httpx.get(f"{am_url}/api/v2/alerts", timeout=2).json()
     except (httpx.HTTPError, ValueError):
         return []
-    return [a for a in alerts if a.get("labels", {}).get("job") == JOB]
+    return [a for a in alerts if a.get("labels", {}).get("training_job") == JOB]
+
+
+def _daemon_log_lines(path: Path, job: str) -> dict[str, str]:
+    """The daemon's structured event lines for ``job`` (gpu_triage.logs), first of each kind: the
+    verdict that went to a deadlock, the evidence bundle, the SIGTERM (what journalctl would show)."""
+    wanted = {
+        "verdict": (f"verdict job={job} ", "-> deadlock_suspected"),
+        "evidence": (f"evidence job={job} ", ""),
+        "kill": (f"kill job={job} sigterm ", ""),
+    }
+    found: dict[str, str] = {}
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return found
+    for line in text.splitlines():
+        _, sep, message = line.partition("gpu_watchdog.events: ")
+        if not sep:
+            continue
+        for kind, (prefix, needle) in wanted.items():
+            if kind not in found and message.startswith(prefix) and needle in message:
+                found[kind] = message
+    return found
 
 
 def _py_spy_excerpt(bundle: Path) -> list[str]:
@@ -334,6 +357,10 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
             time.sleep(1.0)
         gone = not any(run.alive())
         n.say("every rank of the job is gone" if gone else "the job is still running", good=gone)
+        summary["daemon_log"] = _daemon_log_lines(root / "daemon.log", JOB)
+        for kind in ("verdict", "evidence", "kill"):
+            if summary["daemon_log"].get(kind):
+                n.say(f"daemon log: {summary['daemon_log'][kind]}")
         if seen.get("bundle"):
             for line in _py_spy_excerpt(Path(seen["bundle"])):
                 n.say("  py-spy " + line)

@@ -3,7 +3,14 @@
 The loop updates no metric objects: a custom collector reads the latest published snapshot when
 Prometheus scrapes and turns it into metric families. Names follow the Prometheus conventions
 (prefix ``gpu_watchdog_``, base units, ``_total`` for counters, ``_timestamp_seconds`` for epoch
-times, one-hot gauges for enumerations); per-GPU series carry ``gpu`` (the index) and ``uuid``.
+times, one-hot gauges for enumerations).
+
+Labels are chosen to join with NVIDIA dcgm-exporter's series without ``label_replace``
+(docs/dashboards.md, "Beside dcgm-exporter"): per-GPU series carry ``gpu`` (the NVML index, as a
+string), ``UUID`` (NVML's ``GPU-...`` string) and ``Hostname`` (the daemon's node name, the host name
+by default), spelled and valued as dcgm-exporter spells them. Per-job series carry the training job
+in ``training_job``, never in ``job``: that one is Prometheus's scrape job, so the scrape config needs
+no ``honor_labels``.
 A value the snapshot does not have (``None`` or not finite) is left out rather than exported as a
 made-up number, so ``absent()``/staleness work as Prometheus users expect.
 
@@ -32,7 +39,9 @@ from gpu_triage.snapshot import GpuStatus, Snapshot
 from gpu_triage.states import GPU_STATES, VERDICTS, Mode
 
 PREFIX = "gpu_watchdog_"
-GPU_LABELS = ("gpu", "uuid")
+GPU_LABELS = ("gpu", "UUID", "Hostname")
+#: The label that names the training job on the per-job series (``job`` is the scrape job's).
+JOB_LABEL = "training_job"
 
 #: Every metric family the snapshot collector can emit (name as exposed, type), for docs and tests.
 METRIC_NAMES: dict[str, str] = {
@@ -51,8 +60,13 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_verdict": "gauge",
     "gpu_watchdog_verdict_onset_timestamp_seconds": "gauge",
     "gpu_watchdog_verdict_raised_timestamp_seconds": "gauge",
+    "gpu_watchdog_kill_worthy": "gauge",
     "gpu_watchdog_rank_step": "gauge",
     "gpu_watchdog_rank_lease_until_timestamp_seconds": "gauge",
+    "gpu_watchdog_rank_stack_phase": "gauge",
+    "gpu_watchdog_stack_sampler_available": "gauge",
+    "gpu_watchdog_stack_dumps_total": "counter",
+    "gpu_watchdog_stack_cpu_seconds_total": "counter",
     "gpu_watchdog_actions_total": "counter",
     "gpu_watchdog_sample_duration_seconds": "gauge",
     "gpu_watchdog_last_sample_timestamp_seconds": "gauge",
@@ -61,6 +75,8 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_start_timestamp_seconds": "gauge",
     "gpu_watchdog_cycles_total": "counter",
     "gpu_watchdog_missed_cycles_total": "counter",
+    "gpu_watchdog_failed_cycles_total": "counter",
+    "gpu_watchdog_input_errors": "gauge",
     "gpu_watchdog_armed": "gauge",
     "gpu_watchdog_mode": "gauge",
     "gpu_watchdog_info": "info",
@@ -89,11 +105,11 @@ def _counter(name: str, documentation: str, labels: Iterable[str], unit: str = "
     return CounterMetricFamily(name, documentation, labels=list(labels), unit=unit)
 
 
-def _gpu_labels(gpu: GpuStatus) -> list[str]:
-    return [str(gpu.gpu), gpu.uuid or ""]
+def _gpu_labels(gpu: GpuStatus, hostname: str) -> list[str]:
+    return [str(gpu.gpu), gpu.uuid or "", hostname]
 
 
-def _gpu_metrics(gpus: tuple[GpuStatus, ...]) -> Iterator[Metric]:
+def _gpu_metrics(gpus: tuple[GpuStatus, ...], hostname: str) -> Iterator[Metric]:
     per_gpu: list[tuple[Metric, str]] = [
         (_gauge(PREFIX + "power_watts", "Board power draw.", GPU_LABELS, "watts"), "power_w"),
         (
@@ -159,10 +175,10 @@ def _gpu_metrics(gpus: tuple[GpuStatus, ...]) -> Iterator[Metric]:
         PREFIX + "state", "Classified GPU state (one-hot over all states).", [*GPU_LABELS, "state"]
     )
     read_errors = _counter(
-        PREFIX + "read_errors_total", "Failed or late telemetry reads of the GPU.", ["gpu"]
+        PREFIX + "read_errors_total", "Failed or late telemetry reads of the GPU.", GPU_LABELS
     )
     for gpu in gpus:
-        labels = _gpu_labels(gpu)
+        labels = _gpu_labels(gpu, hostname)
         for family, attribute in per_gpu:
             value = _finite(getattr(gpu, attribute))
             if value is not None:
@@ -172,7 +188,7 @@ def _gpu_metrics(gpus: tuple[GpuStatus, ...]) -> Iterator[Metric]:
             sm_clock.add_metric(labels, clock_mhz * 1e6)
         for candidate in GPU_STATES:
             state.add_metric([*labels, candidate.value], 1.0 if gpu.state == candidate else 0.0)
-        read_errors.add_metric([str(gpu.gpu)], float(gpu.read_errors_total))
+        read_errors.add_metric(labels, float(gpu.read_errors_total))
     for family, _attribute in per_gpu:
         yield family
     yield from (sm_clock, state, read_errors)
@@ -180,30 +196,38 @@ def _gpu_metrics(gpus: tuple[GpuStatus, ...]) -> Iterator[Metric]:
 
 def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     verdict = _gauge(
-        PREFIX + "verdict", "Verdict per job on this node (one-hot over all verdicts).", ["job", "verdict"]
+        PREFIX + "verdict",
+        "Verdict per job on this node (one-hot over all verdicts).",
+        [JOB_LABEL, "verdict"],
     )
     onset = _gauge(
         PREFIX + "verdict_onset_timestamp_seconds",
         "When the signature behind the job's verdict began (epoch seconds).",
-        ["job"],
+        [JOB_LABEL],
         "seconds",
     )
     raised = _gauge(
         PREFIX + "verdict_raised_timestamp_seconds",
         "When the job's current verdict was raised (epoch seconds).",
-        ["job"],
+        [JOB_LABEL],
         "seconds",
     )
-    step = _gauge(PREFIX + "rank_step", "Optimizer step each rank last reported.", ["job", "rank"])
+    kill_worthy = _gauge(
+        PREFIX + "kill_worthy",
+        "1 when the job's verdict rests on positive evidence of a hang (only then may it reach a kill).",
+        [JOB_LABEL],
+    )
+    step = _gauge(PREFIX + "rank_step", "Optimizer step each rank last reported.", [JOB_LABEL, "rank"])
     lease = _gauge(
         PREFIX + "rank_lease_until_timestamp_seconds",
         "Until when a rank's non-train phase lease runs (epoch seconds).",
-        ["job", "rank"],
+        [JOB_LABEL, "rank"],
         "seconds",
     )
     for job in snapshot.jobs:
         for candidate in VERDICTS:
             verdict.add_metric([job.job, candidate.value], 1.0 if job.verdict == candidate else 0.0)
+        kill_worthy.add_metric([job.job], 1.0 if job.kill_worthy else 0.0)
         for family, value in ((onset, job.onset), (raised, job.raised)):
             number = _finite(value)
             if number is not None:
@@ -215,7 +239,43 @@ def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
             lease_until = _finite(rank.lease_until)
             if lease_until is not None:
                 lease.add_metric(rank_labels, lease_until)
-    yield from (verdict, onset, raised, step, lease)
+    yield from (verdict, onset, raised, kill_worthy, step, lease)
+    yield from _stack_metrics(snapshot)
+
+
+STACK_PHASES = ("collective", "checkpoint", "eval", "data", "forward", "backward", "optimizer", "other")
+
+
+def _stack_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    phase = _gauge(
+        PREFIX + "rank_stack_phase",
+        "Where each rank's latest Python stack is (py-spy; one-hot over the phases).",
+        [JOB_LABEL, "rank", "phase"],
+    )
+    for job in snapshot.jobs:
+        ranks = (job.evidence.get("stacks") or {}).get("ranks") or {}
+        for rank, doc in sorted(ranks.items()):
+            for candidate in STACK_PHASES:
+                phase.add_metric(
+                    [job.job, str(rank), candidate], 1.0 if doc.get("phase") == candidate else 0.0
+                )
+    yield phase
+    st = snapshot.stacks or {}
+    # always exposed, empty before the sampler reports
+    available = _gauge(
+        PREFIX + "stack_sampler_available",
+        "1 when stack sampling works (py-spy found, ptrace allowed), else 0 (state label says why).",
+        ["state"],
+    )
+    dumps = _counter(PREFIX + "stack_dumps_total", "py-spy dumps taken, by result.", ["result"])
+    cpu = _counter(PREFIX + "stack_cpu_seconds_total", "CPU seconds the py-spy dumps used.", [], "seconds")
+    if st:
+        available.add_metric([str(st.get("state"))], 1.0 if st.get("state") == "available" else 0.0)
+        failures = float(st.get("failures_total", 0))
+        dumps.add_metric(["ok"], float(st.get("dumps_total", 0)) - failures)
+        dumps.add_metric(["failed"], failures)
+        cpu.add_metric([], float(st.get("cpu_s_total", 0.0)))
+    yield from (available, dumps, cpu)
 
 
 def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
@@ -273,11 +333,33 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield info
 
 
+INPUT_ERROR_KINDS = ("progress_file", "job", "store", "actions")
+
+
+def _error_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    errors = _gauge(
+        PREFIX + "input_errors",
+        "Things that failed in the last cycle without stopping it (progress files not read, jobs not "
+        "judged, the event store on memory only, the action engine); see input_errors in /status.",
+        ["kind"],
+    )
+    counts = {k: 0 for k in INPUT_ERROR_KINDS}
+    for e in snapshot.input_errors:
+        counts[str(e.get("kind"))] = counts.get(str(e.get("kind")), 0) + 1
+    for kind, n in sorted(counts.items()):
+        errors.add_metric([kind], float(n))
+    yield errors
+    failed = _counter(PREFIX + "failed_cycles_total", "Cycles that raised (nothing published).", [])
+    failed.add_metric([], float(snapshot.counters.get("failed_cycles_total", 0.0)))
+    yield failed
+
+
 def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     """All metric families for one snapshot (pure: the snapshot in, families out)."""
-    yield from _gpu_metrics(snapshot.gpus)
+    yield from _gpu_metrics(snapshot.gpus, snapshot.node)
     yield from _job_metrics(snapshot)
     yield from _daemon_metrics(snapshot)
+    yield from _error_metrics(snapshot)
 
 
 class SnapshotCollector(Collector):

@@ -46,11 +46,9 @@ def run_daemon(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"gpu-watchdog run: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.daemon.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from gpu_triage.logs import configure as configure_logging
+
+    configure_logging(config.daemon.log_level, config.daemon.log_format, stream=sys.stderr)
     try:
         source = make_source(config.daemon.source, deadline_s=config.daemon.nvml_deadline_s, log=log)
     except (ValueError, TelemetryUnavailable) as e:
@@ -65,7 +63,13 @@ def run_daemon(args: argparse.Namespace) -> int:
             last_print[0] = snap.time
             print(summary_line(snap), flush=True)
 
-    daemon = Daemon(config, source, config_path=path, on_cycle=print_summary if args.summary else None)
+    daemon = Daemon(
+        config,
+        source,
+        config_path=path,
+        on_cycle=print_summary if args.summary else None,
+        overrides=flags,
+    )
     try:
         daemon.start()
     except PortInUseError as e:

@@ -39,7 +39,14 @@ def test_make_demo_catches_and_kills_the_real_deadlock(tmp_path: Path) -> None:
     assert times["alert_delivered"] <= times["sigterm"]
     assert summary["job_killed"] is True and summary["equalized_exit_codes"] == [0, 0]
     assert "phase_disagreement" in summary["signals"] or "steps_frozen" in summary["signals"]
-    assert summary["alertmanager_alerts"][0]["job"] == "tiny-cpu"
+    assert summary["alertmanager_alerts"][0]["training_job"] == "tiny-cpu"
+    # The daemon's log has the verdict, the evidence and the kill, each as one line (gpu_triage.logs).
+    logged = summary["daemon_log"]
+    assert logged["verdict"].startswith("verdict job=tiny-cpu "), logged
+    assert "-> deadlock_suspected" in logged["verdict"] and "signals=" in logged["verdict"], logged
+    assert logged["evidence"].startswith("evidence job=tiny-cpu bundle written path="), logged
+    assert logged["kill"].startswith("kill job=tiny-cpu sigterm ok signal="), logged
+    assert f"daemon log: {logged['kill']}" in r.stdout
     text = r.stdout
     assert "deadlock_suspected raised" in text and "SIGTERM to the job's group" in text
     assert "no GPU" in text  # says plainly which signals carried the verdict

@@ -25,11 +25,16 @@ import httpx
 import pytest
 import yaml
 
+from gpu_triage.runbook import DEFAULT_RUNBOOK_BASE
 from tests.conftest import REPO, require_binary
 
 CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 RULES = REPO / "deploy" / "prometheus" / "gpu-watchdog.rules.yml"
-EXPECTED_RECEIVERS = {"critical": "pagerduty-gpu,slack-gpu", "warning": "slack-gpu"}
+EXPECTED_RECEIVERS = {
+    "critical": "pagerduty-gpu,slack-gpu",
+    "warning": "slack-gpu",
+    "info": "slack-gpu",  # the default route
+}
 JOB = "qwen3-32b-ft"
 
 
@@ -71,7 +76,7 @@ def test_every_alert_routes_by_severity(rule: dict[str, Any]) -> None:
         f"alertname={rule['alert']}",
         f"severity={severity}",
         "node=node-a",
-        f"job={JOB}",
+        f"training_job={JOB}",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == EXPECTED_RECEIVERS[severity]
@@ -185,11 +190,18 @@ def alertmanager(tmp_path: Path) -> Iterator[tuple[httpx.Client, Receivers]]:
 def alert(name: str, severity: str, node: str, verdict: str) -> dict[str, Any]:
     now = datetime.now(UTC)
     return {
-        "labels": {"alertname": name, "severity": severity, "node": node, "job": JOB, "verdict": verdict},
+        "labels": {
+            "alertname": name,
+            "severity": severity,
+            "node": node,
+            "job": "gpu-watchdog",
+            "training_job": JOB,
+            "verdict": verdict,
+        },
         "annotations": {
             "summary": f"{name} on {node}",
             "description": f"{verdict} of {JOB} on {node}",
-            "runbook_url": f"docs/operator-guide.md#{verdict}",
+            "runbook_url": f"{DEFAULT_RUNBOOK_BASE}#{verdict}",
         },
         "startsAt": now.isoformat(),
         "endsAt": (now + timedelta(minutes=10)).isoformat(),
@@ -228,7 +240,7 @@ def test_a_real_alertmanager_pages_copies_to_slack_and_inhibits(
     assert page["payload"]["summary"] == "GpuWatchdogDeadlockConfirmed on node-a"
     assert (page["payload"]["component"], page["payload"]["group"]) == ("node-a", JOB)
     assert page["payload"]["custom_details"]["verdict"] == "deadlock_confirmed"
-    assert page["links"] == [{"href": "docs/operator-guide.md#deadlock_confirmed", "text": "runbook"}]
+    assert page["links"] == [{"href": f"{DEFAULT_RUNBOOK_BASE}#deadlock_confirmed", "text": "runbook"}]
 
     slack = wait_for(
         "two Slack messages", lambda: len(receivers.received("/slack")) >= 2 and receivers.received("/slack")

@@ -26,6 +26,7 @@ from gpu_triage.actions.alerts import (
     slack_payload,
     webhook_payload,
 )
+from gpu_triage.runbook import DEFAULT_RUNBOOK_BASE
 from gpu_triage.snapshot import JobStatus, RankStatus
 from gpu_triage.states import KILL_WORTHY_VERDICTS, GpuState, Verdict
 from tests.watchdog.snapshots import T0, gpu_status
@@ -101,7 +102,8 @@ def test_gpu_hours_and_runbook() -> None:
     assert gpu_hours(8, T0 - 1800.0, T0) == 4.0
     assert gpu_hours(8, None, T0) == 0.0
     assert gpu_hours(0, T0 - 1800.0, T0) == 0.0
-    assert runbook_url(None, "deadlock_confirmed") == "docs/operator-guide.md#deadlock_confirmed"
+    assert runbook_url(None, "deadlock_confirmed") == f"{DEFAULT_RUNBOOK_BASE}#deadlock_confirmed"
+    assert runbook_url("docs/relative.md", "slow") == f"{DEFAULT_RUNBOOK_BASE}#slow", "never relative"
     assert runbook_url("https://wiki/x#old", "stalled_checkpoint") == "https://wiki/x#stalled_checkpoint"
     assert rfc3339(T0) == "2025-12-02T12:00:00.000Z"
 
@@ -127,7 +129,7 @@ def test_alert_carries_what_a_person_needs() -> None:
     assert [r["rank"] for r in alert.ranks] == list(range(8))
     assert alert.gpu_hours == 4.0  # 8 GPUs x 30 min
     assert alert.starts_at == onset
-    assert alert.runbook == "docs/operator-guide.md#deadlock_confirmed"
+    assert alert.runbook == f"{DEFAULT_RUNBOOK_BASE}#deadlock_confirmed"
     assert alert.bundle == "/var/lib/gpu-watchdog/evidence/x"
     assert "node-a" in alert.summary and "qwen3-32b-ft" in alert.summary and "GPUs 0-7" in alert.summary
     assert alert.signals
@@ -165,14 +167,14 @@ def test_alertmanager_payload_shape_firing_and_resolved() -> None:
     assert item["labels"] == {
         "alertname": "GpuTrainingDeadlock",
         "node": "node-a",
-        "job": "qwen3-32b-ft",
+        "training_job": "qwen3-32b-ft",
         "condition": "deadlock",
         "severity": "critical",
         "service": "gpu-watchdog",
     }
     annotations = item["annotations"]
     assert annotations["summary"] == alert.summary
-    assert annotations["runbook_url"] == "docs/operator-guide.md#deadlock_confirmed"
+    assert annotations["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE}#deadlock_confirmed"
     assert annotations["gpus"] == "0-7"
     assert json.loads(annotations["evidence"])["steps"]
     assert item["startsAt"] == rfc3339(alert.starts_at)
@@ -195,7 +197,7 @@ def test_pagerduty_payload_shape() -> None:
     assert event["payload"]["severity"] in ("critical", "error", "warning", "info")
     assert event["payload"]["source"] == "node-a"
     assert event["payload"]["custom_details"]["gpu_hours_burned"] == alert.gpu_hours
-    assert "links" not in event  # a relative runbook path is no link
+    assert event["links"] == [{"href": f"{DEFAULT_RUNBOOK_BASE}#deadlock_confirmed", "text": "Runbook"}]
     resolved = pagerduty_payload(resolve(alert, T0 + 5, "healthy"), "R0UTINGKEY")
     assert resolved == {"routing_key": "R0UTINGKEY", "event_action": "resolve", "dedup_key": alert.dedup_key}
     with pytest.raises(ValueError, match="routing key"):

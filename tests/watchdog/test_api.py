@@ -253,6 +253,7 @@ def test_healthz_turns_stale_and_recovers_as_the_clock_moves() -> None:
         "last_cycle_age_s": 0.4,
         "max_age_s": 5.0,
         "cycle": 42,
+        "failed_cycles": 0,
     }
     clock.now = T0 + 7.25
     response = test_client.get("/healthz")
@@ -355,7 +356,7 @@ def test_metrics_content_types(client: TestClient) -> None:
     # prometheus_client's own choice for a scraper that states no preference (text format 0.0.4)
     assert text.headers["content-type"] == choose_encoder("")[1]
     assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
-    assert 'gpu_watchdog_verdict{job="qwen3-32b-ft",verdict="deadlock_suspected"} 1.0' in text.text
+    assert 'gpu_watchdog_verdict{training_job="qwen3-32b-ft",verdict="deadlock_suspected"} 1.0' in text.text
     openmetrics = client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert openmetrics.headers["content-type"].startswith(OPENMETRICS_CONTENT_TYPE.split(";")[0])
     assert openmetrics.text.endswith("# EOF\n")

@@ -107,12 +107,27 @@ def test_make_run_serves_8_b300_and_reports_the_epoch_end_deadlock(tmp_path: Pat
         assert {g["state"] for g in gpus} == {"checkpoint_or_deadlock"}
         events = httpx.get(f"{base}/events?since=0&limit=1000", timeout=2).json()["events"]
         assert any(e["kind"] == "verdict" and e["payload"]["to"] == "deadlock_suspected" for e in events)
+        wait_for(
+            lambda: any(
+                e["kind"] == "evidence"
+                for e in httpx.get(f"{base}/events?since=0&limit=1000", timeout=2).json()["events"]
+            ),
+            60,
+            "the evidence bundle (captured in observe mode too)",
+        )
     finally:
         code = stop(proc)
         out = proc.stdout.read()
     assert code == 0, out[-3000:]
     assert "SIMULATION" in out and f"curl -s 127.0.0.1:{port}/status" in out
     assert "deadlock_suspected" in out  # the one-line summary printed it
+    # The daemon's log: the deadlock and its evidence, each one structured line (gpu_triage.logs).
+    lines = [line.partition("gpu_watchdog.events: ")[2] for line in out.splitlines()]
+    verdict = [x for x in lines if x.startswith("verdict job=qwen3-32b-ft ") and "-> deadlock_suspected" in x]
+    assert verdict and "signals=" in verdict[0] and "onset=" in verdict[0], out[-3000:]
+    evidence = [x for x in lines if x.startswith("evidence job=qwen3-32b-ft bundle written path=")]
+    assert evidence, out[-3000:]
+    assert Path(evidence[0].split("path=")[1].split()[0]).is_dir()
 
 
 def write_config(path: Path, state: Path, progress: Path, port: int, mode: str = "observe") -> Path:

@@ -6,6 +6,7 @@ the job's processes; an unrelated process survives; once the job is gone the ale
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 
 from gpu_triage.config import SinkConfig, load_config, override
 from gpu_triage.daemon import Daemon
+from gpu_triage.logs import LOGGER_NAME
 from gpu_triage.telemetry.sim import SimSource
 from tests.conftest import REPO
 
@@ -52,7 +54,10 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["kill", "alert"])
-def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_armed(tmp_path: Path, mode: str):
+def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_armed(
+    tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
     Receiver.posts = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -150,7 +155,7 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
     am = [(t, body) for t, path, body in Receiver.posts if path == "/api/v2/alerts"]
     assert am, Receiver.posts
     labels = am[0][1][0]["labels"]
-    assert labels["job"] == "qwen3-32b-ft" and labels["service"] == "gpu-watchdog"
+    assert labels["training_job"] == "qwen3-32b-ft" and labels["service"] == "gpu-watchdog"
     assert first[("capture", "started")] <= am[0][0]
     assert len(rank_pids) == 8
     if mode == "kill":
@@ -162,3 +167,25 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
     else:
         assert not [a for a in actions if a[0] in ("sigterm", "sigkill") and a[1] in ("started", "ok")]
         assert all(alive_at_end), "alert mode never signals"
+
+    # Each step is one structured log line (gpu_triage.logs), as journalctl shows them.
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER_NAME]
+    assert all("\n" not in line for line in lines)
+
+    def line(prefix: str) -> str:
+        found = [x for x in lines if x.startswith(prefix)]
+        assert found, f"no line starting {prefix!r} in:\n" + "\n".join(lines)
+        return found[0]
+
+    assert "signals=" in line("verdict job=qwen3-32b-ft healthy -> deadlock_suspected")
+    assert f"path={bundle}" in line("evidence job=qwen3-32b-ft bundle written")
+    assert "sink=am sink_kind=alertmanager http_status=200" in line(
+        "alert_delivery job=qwen3-32b-ft GpuTrainingDeadlock firing delivered"
+    )
+    if mode == "kill":
+        term = line("kill job=qwen3-32b-ft sigterm ok")
+        assert "signal=SIGTERM" in term or "signal=15" in term, term
+        assert all(str(pid) in term for pid in rank_pids), term
+    else:
+        assert "mode=alert" in line("refusal job=qwen3-32b-ft no sigterm: not_armed")
+        assert not [x for x in lines if x.startswith("kill ")]

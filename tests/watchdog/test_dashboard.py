@@ -4,8 +4,14 @@ The structural tests need nothing outside Python. The integration test starts De
 on a free loopback port with the shipped scrape job and rules (deploy/prometheus/, only the targets
 and intervals changed), scraping a real :class:`~gpu_triage.httpserver.HttpServer` that serves the real
 app over a realistic, live snapshot (8 GPUs, a 2-node job's 8 local ranks, one of them lagging, a
-deadlock_suspected verdict), then runs every panel target's and annotation's query through the HTTP
-API (``query_range`` for range targets, ``query`` for instant ones) and requires data from each.
+deadlock_suspected verdict), and a dcgm-exporter endpoint beside it, then runs every panel target's
+and annotation's query through the HTTP API (``query_range`` for range targets, ``query`` for instant
+ones) and requires data from each.
+
+dcgm-exporter needs a real GPU and DCGM (the hardware boundary), so its side is a loopback HTTP server
+serving dcgm-exporter's exposition as the exporter writes it (its default labels ``gpu``, ``UUID``,
+``device``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``); the join with our series is
+what is under test, and it must work on those labels as they are, without ``label_replace``.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +157,16 @@ def test_state_timelines_code_and_map_every_state(title: str, label: str, vocabu
     assert _mapped(panel) == coded, "value mappings name the codes of the query"
 
 
+def test_dcgm_panels_show_dcgm_activity_beside_ours_and_join_without_label_replace() -> None:
+    dashboard = load_dashboard()
+    exprs = [query.expr for query in queries(dashboard)]
+    assert 'DCGM_FI_PROF_SM_ACTIVE{Hostname=~"$node"}' in exprs
+    assert 'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"$node"}' in exprs
+    assert any("on (UUID)" in e and "DCGM_FI_PROF_SM_ACTIVE" in e and "gpu_watchdog_" in e for e in exprs)
+    assert not [e for e in exprs if "label_replace" in e]
+    assert not [e for e in exprs if re.search(r"\bjob=~\"\$training_job", e)], "training_job, not job"
+
+
 # --------------------------------------------------------------------------------------------------
 # A real Prometheus scraping the real app
 
@@ -227,13 +244,72 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def scrape_config(tmp_path: Path, target: str) -> Path:
-    """The shipped config and rules with loopback targets and 1 s intervals, nothing else changed."""
+def dcgm_exposition(hostname: str, gpus: int = 8) -> str:
+    """What dcgm-exporter (3.x, default counters) serves for ``gpus`` H200s on ``hostname``: SM and
+    tensor-pipe activity low on the spinning GPUs 0-5, high on the computing GPU 6 and the
+    communicating GPU 7."""
+    lines = []
+    for name, help_text in (
+        ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned."),
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active."),
+    ):
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for g in range(gpus):
+            value = {6: 0.82, 7: 0.55}.get(g, 0.03)
+            labels = (
+                f'gpu="{g}",UUID="GPU-{g:08x}-0000-4000-8000-000000000000",device="nvidia{g}",'
+                f'modelName="NVIDIA H200",Hostname="{hostname}",DCGM_FI_DRIVER_VERSION="570.124.06"'
+            )
+            lines.append(f"{name}{{{labels}}} {value}")
+    return "\n".join(lines) + "\n"
+
+
+class DcgmExporter:
+    """A loopback endpoint serving :func:`dcgm_exposition` on /metrics."""
+
+    def __init__(self, hostname: str) -> None:
+        body = dcgm_exposition(hostname).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> DcgmExporter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def scrape_config(tmp_path: Path, target: str, dcgm_target: str | None = None) -> Path:
+    """The shipped config and rules with loopback targets and 1 s intervals, nothing else changed
+    (plus a dcgm-exporter scrape job as prometheus.yml shows it, commented, when ``dcgm_target``)."""
     config = yaml.safe_load(PROMETHEUS_YML.read_text())
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "gpu-watchdog"]
     job["static_configs"] = [{"targets": [target]}]  # no node label: the relabelling names the node
     job["scrape_interval"] = "1s"
     job["scrape_timeout"] = "1s"
+    if dcgm_target is not None:
+        config["scrape_configs"].append(
+            {
+                "job_name": "dcgm-exporter",
+                "scrape_interval": "1s",
+                "static_configs": [{"targets": [dcgm_target]}],
+            }
+        )
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     config.pop("alerting", None)  # no Alertmanager here
     rules = yaml.safe_load(RULES_YML.read_text())
@@ -305,8 +381,8 @@ def prometheus_over_the_app(tmp_path: Path) -> Iterator[Prometheus]:
     binary = require_binary("prometheus", "the dashboard test scrapes the real app with a real Prometheus")
     holder = SnapshotHolder()
     app = create_app(snapshots=holder, events=None, table=dict, control=None, token=None, period_s=0.25)
-    with Publisher(holder), HttpServer(app, "127.0.0.1", 0) as http:
-        config = scrape_config(tmp_path, f"127.0.0.1:{http.port}")
+    with Publisher(holder), HttpServer(app, "127.0.0.1", 0) as http, DcgmExporter(NODE) as dcgm:
+        config = scrape_config(tmp_path, f"127.0.0.1:{http.port}", f"127.0.0.1:{dcgm.port}")
         server = Prometheus(binary, config, tmp_path / "data")
         try:
             yield server
@@ -351,9 +427,24 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(prometheus_over_t
             empty.append(f"{query.where}: {expr}")
     assert not empty, "queries without data:\n" + "\n".join(empty)
 
-    # The training job's own label survives the scrape (honor_labels), next to the scrape job's.
+    # The training job is `training_job`; `job` stays the scrape job's (no honor_labels).
     verdict = prom.api("/api/v1/query", query='gpu_watchdog_verdict{verdict="deadlock_suspected"}')["result"]
-    assert [(s["metric"]["job"], s["metric"]["node"]) for s in verdict] == [(JOB, "127.0.0.1")]
+    assert [(s["metric"]["training_job"], s["metric"]["job"], s["metric"]["node"]) for s in verdict] == [
+        (JOB, "gpu-watchdog", "127.0.0.1")
+    ]
+
+    # Our per-GPU series join dcgm-exporter's as both are labelled: on UUID, and on (Hostname, gpu).
+    for on in ("UUID", "Hostname, gpu"):
+        joined = prom.api(
+            "/api/v1/query",
+            query=f"gpu_watchdog_utilization_ratio - on ({on}) group_left () DCGM_FI_PROF_SM_ACTIVE",
+        )["result"]
+        assert sorted(int(s["metric"]["gpu"]) for s in joined) == list(range(8)), on
+    spin = prom.api(
+        "/api/v1/query",
+        query="gpu_watchdog_utilization_ratio - on (UUID) group_left () DCGM_FI_PROF_SM_ACTIVE > 0.5",
+    )["result"]
+    assert sorted(int(s["metric"]["gpu"]) for s in spin) == [0, 1, 2, 3, 4, 5], "the spinning GPUs"
 
     # The shipped rules load and evaluate without errors on real data, and the deadlock and the
     # lagging rank are already pending (their `for:` has not passed yet).
@@ -370,8 +461,10 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(prometheus_over_t
         return alerts if {"GpuWatchdogDeadlockSuspected", "GpuWatchdogRankStepLag"} <= alerts.keys() else {}
 
     alerts = prom.wait_until("the deadlock and rank-lag alerts to be pending", active, timeout_s=15.0)
-    assert [(a["job"], a["node"]) for a in alerts["GpuWatchdogDeadlockSuspected"]] == [(JOB, "127.0.0.1")]
-    assert [(a["job"], a["rank"]) for a in alerts["GpuWatchdogRankStepLag"]] == [(JOB, str(LAGGING_RANK))]
+    suspected = alerts["GpuWatchdogDeadlockSuspected"]
+    assert [(a["training_job"], a["node"]) for a in suspected] == [(JOB, "127.0.0.1")]
+    lag = alerts["GpuWatchdogRankStepLag"]
+    assert [(a["training_job"], a["rank"]) for a in lag] == [(JOB, str(LAGGING_RANK))]
     assert "GpuWatchdogDaemonDown" not in alerts
     assert time.monotonic() - started < 45.0
 

@@ -479,7 +479,9 @@ def test_real_alertmanager_takes_and_resolves_the_alert(tmp_path: Path, store: E
 
             def ours() -> list[dict[str, Any]]:
                 return [
-                    a for a in _get_json(f"{base}/api/v2/alerts") if a["labels"].get("job") == "qwen3-32b-ft"
+                    a
+                    for a in _get_json(f"{base}/api/v2/alerts")
+                    if a["labels"].get("training_job") == "qwen3-32b-ft"
                 ]
 
             got = wait_until(ours, what="the alert in Alertmanager")[0]

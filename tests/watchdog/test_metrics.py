@@ -71,11 +71,17 @@ def test_contract_names_from_design() -> None:
     assert not [n for n in names if "_watts_watts" in n or "_seconds_seconds" in n or "_total_total" in n]
 
 
-def test_per_gpu_series_carry_index_and_uuid() -> None:
-    by_name = samples(scrape(full_snapshot()))
+def test_per_gpu_series_carry_dcgm_exporters_gpu_uuid_and_hostname_labels() -> None:
+    snap = full_snapshot()
+    by_name = samples(scrape(snap))
     power = {s.labels["gpu"]: s for s in by_name["gpu_watchdog_power_watts"]}
     assert sorted(power) == ["0", "1", "2", "3"]
-    assert power["2"].labels == {"gpu": "2", "uuid": "GPU-00000002-0000-4000-8000-000000000000"}
+    # dcgm-exporter's spelling: gpu (index), UUID (NVML's GPU-... string), Hostname.
+    assert power["2"].labels == {
+        "gpu": "2",
+        "UUID": "GPU-00000002-0000-4000-8000-000000000000",
+        "Hostname": snap.node,
+    }
     assert power["2"].value == 230.0
     limits = {s.labels["gpu"]: s.value for s in by_name["gpu_watchdog_power_limit_watts"]}
     assert limits == {str(g): 1100.0 for g in range(4)}
@@ -126,17 +132,38 @@ def test_verdicts_are_one_hot_per_job_with_onset_and_ranks() -> None:
     by_name = samples(scrape(full_snapshot()))
     verdict = by_name["gpu_watchdog_verdict"]
     assert len(verdict) == 2 * len(VERDICTS)
-    hot = {(s.labels["job"], s.labels["verdict"]) for s in verdict if s.value == 1.0}
+    hot = {(s.labels["training_job"], s.labels["verdict"]) for s in verdict if s.value == 1.0}
     assert hot == {("qwen3-32b-ft", "deadlock_suspected"), ("job-1", "healthy")}
-    onset = {s.labels["job"]: s.value for s in by_name["gpu_watchdog_verdict_onset_timestamp_seconds"]}
+    onset = {
+        s.labels["training_job"]: s.value for s in by_name["gpu_watchdog_verdict_onset_timestamp_seconds"]
+    }
     assert onset == {"qwen3-32b-ft": T0 - 60.0}  # the healthy job has no onset
-    raised = {s.labels["job"]: s.value for s in by_name["gpu_watchdog_verdict_raised_timestamp_seconds"]}
+    raised = {
+        s.labels["training_job"]: s.value for s in by_name["gpu_watchdog_verdict_raised_timestamp_seconds"]
+    }
     assert raised == {"qwen3-32b-ft": T0 - 20.0}
-    steps = {(s.labels["job"], s.labels["rank"]): s.value for s in by_name["gpu_watchdog_rank_step"]}
+    steps = {(s.labels["training_job"], s.labels["rank"]): s.value for s in by_name["gpu_watchdog_rank_step"]}
     assert steps[("qwen3-32b-ft", "3")] == 1200.0
     assert len(steps) == 4 + 1
     leases = by_name["gpu_watchdog_rank_lease_until_timestamp_seconds"]
-    assert [(s.labels, s.value) for s in leases] == [({"job": "qwen3-32b-ft", "rank": "0"}, T0 + 30.0)]
+    assert [(s.labels, s.value) for s in leases] == [
+        ({"training_job": "qwen3-32b-ft", "rank": "0"}, T0 + 30.0)
+    ]
+
+
+def test_kill_worthy_is_a_per_job_gauge_as_in_status() -> None:
+    snap = full_snapshot()
+    by_name = samples(scrape(snap))
+    assert {s.labels["training_job"]: s.value for s in by_name["gpu_watchdog_kill_worthy"]} == {
+        "qwen3-32b-ft": 0.0,
+        "job-1": 0.0,
+    }
+    confirmed = replace(snap.jobs[0], verdict=Verdict.DEADLOCK_CONFIRMED, kill_worthy=True)
+    by_name = samples(scrape(replace(snap, jobs=(confirmed, snap.jobs[1]))))
+    assert {s.labels["training_job"]: s.value for s in by_name["gpu_watchdog_kill_worthy"]} == {
+        "qwen3-32b-ft": 1.0,
+        "job-1": 0.0,
+    }
 
 
 def test_daemon_health_mode_and_info() -> None:

@@ -7,6 +7,7 @@ every rule, and that the rules keep to the metric names and verdicts the daemon 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from gpu_triage.metrics import METRIC_NAMES
+from gpu_triage.runbook import DEFAULT_RUNBOOK_BASE, render_rules, rule_links
 from gpu_triage.states import Verdict
 from tests.conftest import REPO, require_binary
 
@@ -82,15 +84,18 @@ def test_every_problem_verdict_has_an_alert() -> None:
 @pytest.mark.parametrize("rule", alert_rules(), ids=lambda rule: rule["alert"])
 def test_rule_labels_annotations_and_metric_names(rule: dict[str, Any]) -> None:
     assert rule["alert"].startswith("GpuWatchdog")
-    assert rule["labels"]["severity"] in {"critical", "warning"}
+    assert rule["labels"]["severity"] in {"critical", "warning", "info"}
     annotations = rule["annotations"]
     assert {"summary", "description", "runbook_url"} <= annotations.keys()
     assert "{{ $labels.node }}" in annotations["summary"]
-    anchor = re.fullmatch(r"docs/operator-guide\.md#(\w+)", annotations["runbook_url"])
-    assert anchor is not None, annotations["runbook_url"]
+    anchor = re.fullmatch(re.escape(DEFAULT_RUNBOOK_BASE) + r"#(\w+)", annotations["runbook_url"])
+    assert anchor is not None, f"absolute, from the shipped base: {annotations['runbook_url']}"
     assert anchor.group(1) in ALERTED_VERDICTS | OTHER_RUNBOOKS
     for metric in re.findall(r"\b(gpu_watchdog_\w+|up)\b", rule["expr"]):
         assert metric == "up" or metric in METRIC_NAMES, metric
+    if "verdict=" in rule["expr"] or "rank_step" in rule["expr"]:
+        text = json.dumps(annotations)
+        assert "$labels.training_job" in text and "$labels.job" not in text, "name the training job"
 
 
 def test_runbook_anchors_exist_in_the_operator_guide() -> None:
@@ -105,12 +110,34 @@ def test_runbook_anchors_exist_in_the_operator_guide() -> None:
     assert anchors - headings == set(), "runbook anchors without a heading in docs/operator-guide.md"
 
 
-def test_scrape_config_keeps_the_training_job_label_and_names_the_node() -> None:
+def test_scrape_config_leaves_job_to_prometheus_and_names_the_node() -> None:
     config = yaml.safe_load(CONFIG.read_text())
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "gpu-watchdog"]
-    assert job["honor_labels"] is True, "the verdict and rank series' job label is the training job"
+    assert "honor_labels" not in job, "the training job is `training_job`; `job` stays the scrape job"
     assert job["scrape_interval"] == "5s"
     assert all(target.endswith(":9410") for sc in job["static_configs"] for target in sc["targets"])
     (relabel,) = job["relabel_configs"]
     assert relabel["target_label"] == "node"
     assert config["rule_files"] == [RULES.name]
+
+
+def test_render_rules_points_every_runbook_url_at_the_configured_base(tmp_path) -> None:
+    text = RULES.read_text()
+    base = "https://wiki.corp.example/gpu/operator-guide"
+    rendered = render_rules(text, base + "/")
+    links = rule_links(rendered)
+    assert len(links) == len(alert_rules())
+    assert {b for _line, b, _anchor in links} == {base}
+    assert [a for *_rest, a in links] == [a for *_rest, a in rule_links(text)], "anchors kept"
+    # Everything but the runbook lines is untouched, and the rendered file still passes promtool.
+    kept = [line for line in text.splitlines() if "runbook_url:" not in line]
+    assert [line for line in rendered.splitlines() if "runbook_url:" not in line] == kept
+    out = tmp_path / "rules.yml"
+    out.write_text(rendered)
+    result = promtool("check", "rules", "--lint=all", "--lint-fatal", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_shipped_rules_are_rendered_with_the_default_base() -> None:
+    text = RULES.read_text()
+    assert render_rules(text, DEFAULT_RUNBOOK_BASE) == text

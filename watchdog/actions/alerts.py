@@ -18,7 +18,8 @@ Wire forms (``../shared/research/conventions.md``):
 - ``webhook``: the alert as a JSON object (:meth:`Alert.to_dict` plus ``status``);
 - ``alertmanager``: ``POST {url}/api/v2/alerts`` with a JSON array of
   ``{labels, annotations, startsAt, endsAt[, generatorURL]}``; labels identify the alert and never
-  change within it (``alertname``, ``node``, ``job``, ``condition``, ``severity``, ``service``);
+  change within it (``alertname``, ``node``, ``training_job``, ``condition``, ``severity``,
+  ``service``: the same label names as the Prometheus rules, so one Alertmanager routing serves both);
   a firing alert's ``endsAt`` is ``send time + 4 x resend_interval_s`` (as Prometheus does), so a dead
   daemon's alerts expire; a resolve sends ``endsAt`` = the time it cleared;
 - ``pagerduty``: Events API v2 (``routing_key``, ``event_action`` trigger/resolve, ``dedup_key`` <= 255
@@ -38,10 +39,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from gpu_triage import runbook
 from gpu_triage.snapshot import GpuStatus, JobStatus
 from gpu_triage.states import Verdict
 
-DEFAULT_RUNBOOK = "docs/operator-guide.md"
 SOURCE = "gpu-watchdog"
 PAGERDUTY_SUMMARY_MAX = 1024
 PAGERDUTY_DEDUP_MAX = 255
@@ -128,9 +129,13 @@ def dedup_key(node: str, job: str, condition: Condition | str) -> str:
 
 
 def runbook_url(base: str | None, anchor: str) -> str:
-    """``base#anchor``; the default base is ``docs/operator-guide.md`` (the project's runbook)."""
-    base = (base or DEFAULT_RUNBOOK).split("#", 1)[0]
-    return f"{base}#{anchor}"
+    """``base#anchor``, always absolute: ``alerts.runbook_url`` (config.py checks that it is an absolute
+    http(s) URL), else the placeholder :data:`~gpu_triage.runbook.DEFAULT_RUNBOOK_BASE` - the same base
+    ``gpu-watchdog render-rules`` writes into the Prometheus rules."""
+    try:
+        return runbook.link(base.split("#", 1)[0] if base else None, anchor)
+    except runbook.BadRunbookBase:  # config.py refuses it; an alert never fails for a link
+        return runbook.link(None, anchor)
 
 
 def gpu_hours(n_gpus: int, onset: float | None, now: float) -> float:
@@ -448,7 +453,7 @@ def alertmanager_payload(
             "labels": {
                 "alertname": ALERT_NAMES[condition],
                 "node": a.node,
-                "job": a.job,
+                "training_job": a.job,
                 "condition": a.condition,
                 "severity": LABEL_SEVERITY[condition],
                 "service": SOURCE,

@@ -9,6 +9,7 @@ classifier dates a change back to the first sample of the run that caused it).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,12 +141,26 @@ def _median_intervals(path: str, gpus: int | None) -> tuple[int, np.ndarray]:
     return n, med
 
 
+def _check_options(opts: TriageOptions) -> None:
+    """Numbers a caller passes must be finite: a NaN deadline or limit would hide every deadlock."""
+    for name in ("deadlock_after_s", "power_limit_w"):
+        value = getattr(opts, name)
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise TriageInputError(f"{name}: expected a finite number above 0, got {value!r}")
+
+
 def triage_file(
     path: str | Path, opts: TriageOptions = TriageOptions(), progress: Callable[[int], None] | None = None
 ) -> TriageResult:
     """Triage one recording. Raises RecordingError / TriageInputError on bad input."""
     path = str(path)
-    reader = NvsmiCsvReader(path, gpus=opts.gpus, chunk_bytes=opts.chunk_bytes)
+    _check_options(opts)
+    try:
+        reader = NvsmiCsvReader(path, gpus=opts.gpus, chunk_bytes=opts.chunk_bytes)
+    except ValueError as e:
+        if isinstance(e, RecordingError):
+            raise
+        raise TriageInputError(str(e)) from None
     header = reader.header
     table, limit_w = _pick_table(opts, header.gpu_names, header.power_limit_w)
     model = (
