@@ -1,5 +1,6 @@
 """Run a real 2-rank job (torchrun, gloo, CPU) beside the real daemon (in-process, ``--source none``,
-observe mode) and record what the daemon said about it, cycle by cycle."""
+stack sampling off, observe mode) and record what the daemon said about it, cycle by cycle: the
+verdicts rest on the progress files and the processes alone."""
 
 from __future__ import annotations
 
@@ -93,6 +94,8 @@ def run_with_daemon(
             "daemon.process_period_s": 0.2,
             "progress.dir": str(progress),
             "actions.mode": "observe",
+            # what the progress files alone prove: no GPU telemetry (--source none), no stack samples
+            "stacks.enabled": False,
         },
         origin="test",
     )
