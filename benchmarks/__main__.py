@@ -22,6 +22,7 @@ BENCHES = {
     "gate": "benchmarks.bench_gate",
     "trainer": "benchmarks.bench_trainer",
     "verdicts": "benchmarks.bench_verdicts",
+    "integrations": "benchmarks.bench_integrations",
 }
 
 
