@@ -260,6 +260,8 @@ def cmd_triage(args: argparse.Namespace) -> int:
             result = _triage_with_progress(path, opts, show=not args.no_progress and not args.json)
         except (RecordingError, TriageInputError, OSError) as e:
             msg = str(e) if not isinstance(e, OSError) else f"{path}: {e.strerror or e}"
+            if not msg.startswith(str(path)):
+                msg = f"{path}: {msg}"  # every error names the file
             print(f"gpu-watchdog triage: error: {msg}", file=sys.stderr)
             outputs.append({"file": path, "error": msg})
             code = max(code, EXIT_BAD_INPUT)

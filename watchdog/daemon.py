@@ -118,6 +118,7 @@ class Daemon:
         self._last_cycle_error: str | None = None
         self._progress_errors: tuple[dict[str, Any], ...] = ()
         self._actions_error: str | None = None
+        self._logged_job_errors: dict[str, str] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -210,6 +211,7 @@ class Daemon:
                 *self.config.daemon.allowed_hosts,
                 self.node,
                 socket.gethostname(),
+                socket.getfqdn(),  # once, at start (/etc/hosts or DNS)
                 host.strip("[]"),
             ],
         )
@@ -304,6 +306,21 @@ class Daemon:
         latest = self.snapshots.latest()
         if latest is not None:
             self.snapshots.publish(replace(latest, failed_cycles=self.failed_cycles))
+        elif self.failed_cycles >= 3:  # never a good cycle: say "failing", not "starting" forever
+            self.snapshots.publish(
+                Snapshot(
+                    node=self.node,
+                    source=self.source.name,
+                    mode=self.mode,
+                    armed=self.mode is not Mode.OBSERVE,
+                    cycle=self.cycle_no,
+                    time=self.started_at,
+                    period_s=self.config.daemon.period_s,
+                    started_at=self.started_at,
+                    version=__version__,
+                    failed_cycles=self.failed_cycles,
+                )
+            )
 
     def cycle(self, now: float) -> Snapshot:
         """One cycle at epoch time ``now``; returns (and publishes) the snapshot."""
@@ -391,7 +408,12 @@ class Daemon:
     def _input_errors(self) -> tuple[dict[str, Any], ...]:
         """What failed this cycle without stopping it (Snapshot.input_errors)."""
         out = list(self._progress_errors)
-        out += [{"kind": "job", "where": j, "error": e} for j, e in sorted(self.detector.job_errors.items())]
+        job_errors = dict(self.detector.job_errors)
+        for job, error in sorted(job_errors.items()):
+            if self._logged_job_errors.get(job) != error:  # once per job and error, not every cycle
+                log.error("detector could not judge job %s (last verdict kept, never a kill): %s", job, error)
+        self._logged_job_errors = job_errors
+        out += [{"kind": "job", "where": j, "error": e} for j, e in sorted(job_errors.items())]
         if self.store is not None and getattr(self.store, "memory_only", False):
             out.append({"kind": "store", "where": str(self.store.path), "error": self.store.memory_reason})
         if self._actions_error is not None:

@@ -131,6 +131,34 @@ def test_item1_a_job_the_detector_cannot_judge_stays_in_that_job(monkeypatch) ->
     assert "fine" not in detector.job_errors
 
 
+def test_item1_daemon_reports_a_job_it_cannot_judge_once_and_keeps_the_others(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    progress = tmp_path / "progress"
+    write(progress, "good", "rank-0.json", record("good", 0, 1))
+    write(progress, "cursed", "rank-0.json", record("cursed", 0, 1))
+    daemon = daemon_for(tmp_path)
+    original = daemon.detector._job
+
+    def flaky(now, job, *args):
+        if job.job == "cursed":
+            raise KeyError("a bug in the detector")
+        return original(now, job, *args)
+
+    monkeypatch.setattr(daemon.detector, "_job", flaky)
+    daemon.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="gpu_watchdog"):
+            snaps = [daemon.cycle(time.time() + i) for i in range(3)]
+    finally:
+        daemon.close()
+    jobs = {j.job: j for j in snaps[-1].jobs}
+    assert jobs["cursed"].cause == "detector_error" and not jobs["cursed"].kill_worthy
+    assert jobs["good"].cause != "detector_error"
+    assert [e["where"] for e in snaps[-1].input_errors if e["kind"] == "job"] == ["cursed"]
+    assert sum("could not judge job cursed" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_item1_healthz_turns_failing_when_the_cycle_keeps_failing(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
@@ -159,6 +187,37 @@ def test_item1_healthz_turns_failing_when_the_cycle_keeps_failing(tmp_path: Path
         assert client.get("/healthz").status_code == 200
     finally:
         daemon.close()
+
+
+def test_item1_a_daemon_whose_first_cycles_all_fail_is_failing_not_starting(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from gpu_triage.api import create_app
+
+    class Broken(NoneSource):
+        def sample(self, now):
+            raise OSError("the telemetry source is broken")
+
+    config = daemon_for(tmp_path).config
+    daemon = Daemon(config, Broken(), serve_http=False)
+    daemon.start()
+    app = create_app(
+        snapshots=daemon.snapshots, events=None, table=dict, control=daemon.control, token=None, period_s=1.0
+    )
+    client = TestClient(app)
+    thread = threading.Thread(target=daemon.run_forever, daemon=True)
+    daemon.config = override(config, {"daemon.period_s": 0.1}, origin="test")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and daemon.failed_cycles < 3:
+            time.sleep(0.05)
+        response = client.get("/healthz")
+    finally:
+        daemon.stop()
+        thread.join(10)
+        daemon.close()
+    assert response.status_code == 503 and response.json()["status"] == "failing"
 
 
 # ----------------------------------------------------------------------------------- item 2
@@ -325,6 +384,16 @@ def test_item5_non_finite_numbers_are_refused(tmp_path: Path) -> None:
         triage_file(csv, TriageOptions(deadlock_after_s=float("nan")))
     with pytest.raises(ConfigError, match="detector"):
         load_config(None, {"GPU_WATCHDOG_DETECTOR__FAST_MIN_S": "nan"})
+
+
+def test_item5_a_written_nan_in_a_recording_is_an_error_a_missing_cell_is_not(tmp_path: Path) -> None:
+    csv = tmp_path / "nan.csv"
+    rows = ["2024/01/01 00:00:00.000, 0, 100.0 W, 50 %", "2024/01/01 00:00:01.000, 0, [N/A], 50 %"]
+    csv.write_text(CSV_HEADER + "\n".join(rows) + "\n")
+    assert len(NvsmiCsvReader(csv).read_all()) == 2
+    csv.write_text(CSV_HEADER + "\n".join([*rows, "2024/01/01 00:00:02.000, 0, NaN W, 50 %"]) + "\n")
+    with pytest.raises(RecordingError, match=r"nan.csv:4:3: power.draw: 'NaN W' is not finite"):
+        NvsmiCsvReader(csv).read_all()
 
 
 def test_item5_json_output_is_json_even_with_non_finite_values(tmp_path: Path, monkeypatch, capsys) -> None:

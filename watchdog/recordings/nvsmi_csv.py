@@ -725,11 +725,15 @@ class NvsmiCsvReader:
         pos: int,
         line: np.ndarray,
     ) -> np.ndarray:
-        """Parsed float64 cells -> a writable numpy array in the attribute's unit; inf is an error."""
+        """Parsed float64 cells -> a writable numpy array in the attribute's unit; a written NaN or
+        infinity is an error (a missing cell - null - becomes NaN, the "no value" of the arrays)."""
+        written_nan = pc.any(pc.is_nan(values)).as_py() if values.null_count < len(values) else False
         array = values.to_numpy()
         if not array.flags.writeable:
             array = array.copy()
         infinite = np.isinf(array)
+        if written_nan:
+            infinite |= np.asarray(pc.fill_null(pc.is_nan(values), False))
         if infinite.any():
             row = int(np.argmax(infinite))
             raise RecordingError(

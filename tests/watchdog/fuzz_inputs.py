@@ -1,0 +1,300 @@
+"""A seeded mutation fuzzer for the three hostile inputs: nvidia-smi CSV recordings, config files and
+progress files (issue 11). Run by ``test_fuzz.py`` in a subprocess with a memory cap::
+
+    python -m tests.watchdog.fuzz_inputs {csv|config|progress} COUNT SEED
+
+Each input is a valid seed document mutated a few times (bytes flipped, inserted, deleted,
+duplicated; lines spliced, truncated; hostile tokens - NaN, Infinity, 1e309, huge integers, deep
+brackets, a 1970 timestamp, a 2 MiB line, NUL, CR - put in place of a field). Every input must end in
+a *clean* outcome:
+
+- ``csv``: ``gpu-watchdog triage`` (``cli.main``, in process) returns 0/1, or 2 with the error on
+  stderr starting ``gpu-watchdog triage: error: FILE:LINE:FIELD:`` (or naming the file);
+- ``config``: :func:`load_config` returns a Config or raises ConfigError naming the file;
+- ``progress``: :func:`parse_record` returns a record or raises ProgressFormatError, and a
+  :class:`ProgressReader` over the file lists it as a per-file error or reads it.
+
+Anything else is a traceback; an input taking more than ``HANG_S`` is a hang (SIGALRM). The summary
+is one JSON line on stdout: counts, the slowest input, peak RSS (``VmHWM``) and every failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import random
+import resource
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+HANG_S = 20
+
+TOKENS = [
+    b"NaN",
+    b"nan",
+    b"Infinity",
+    b"-inf",
+    b"inf",
+    b"1e309",
+    b"-1",
+    b"0",
+    b"99999999999999999999999",
+    b"1000000",
+    b"[N/A]",
+    b"",
+    b" ",
+    b'"',
+    b"\x00",
+    b"\r",
+    b"\xff\xfe",
+    b"[" * 3000,
+    b"{" * 3000,
+    b"1970/01/01 00:00:00.000",
+    b"2024/13/45 25:61:61.999",
+    b"9999/12/31 23:59:59.999",
+    b"true",
+    b"null",
+    b"[[[]]]",
+    b'{"a": 1}',
+    b"x" * 5000,
+]
+
+
+def mutate(seed: bytes, rng: random.Random) -> bytes:
+    data = bytearray(seed)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(9)
+        pos = rng.randrange(len(data) + 1)
+        if op == 0 and data:  # flip a byte
+            data[min(pos, len(data) - 1)] = rng.randrange(256)
+        elif op == 1:  # insert random bytes
+            data[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        elif op == 2 and data:  # delete a range
+            del data[pos : pos + rng.randint(1, 64)]
+        elif op == 3 and data:  # duplicate a range
+            end = min(len(data), pos + rng.randint(1, 200))
+            data[end:end] = data[pos:end] * rng.randint(1, 20)
+        elif op == 4:  # a hostile token in place of a field
+            fields = [i for i, c in enumerate(data) if c in b",=:\n"]
+            at = rng.choice(fields) + 1 if fields else pos
+            end = at
+            while end < len(data) and data[end] not in b",\n}":
+                end += 1
+            data[at:end] = rng.choice(TOKENS)
+        elif op == 5:  # truncate
+            del data[pos:]
+        elif op == 6:  # splice lines: repeat, drop or swap one
+            lines = bytes(data).split(b"\n")
+            i, j = rng.randrange(len(lines)), rng.randrange(len(lines))
+            choice = rng.randrange(3)
+            if choice == 0:
+                lines.insert(i, lines[j])
+            elif choice == 1:
+                del lines[i]
+            else:
+                lines[i], lines[j] = lines[j], lines[i]
+            data = bytearray(b"\n".join(lines))
+        elif op == 7 and rng.random() < 0.05:  # rarely: a very long line
+            data[pos:pos] = b"1" * (2 << 20)
+        else:  # a token anywhere
+            data[pos:pos] = rng.choice(TOKENS)
+    return bytes(data)
+
+
+# ------------------------------------------------------------------------------------- seeds
+
+
+def csv_seeds() -> list[bytes]:
+    rows_index = [
+        "timestamp, index, name, power.draw [W], power.limit [W], utilization.gpu [%], memory.used [MiB]"
+    ]
+    rows_plain = ["timestamp, power.draw [W], utilization.gpu [%]"]
+    rows_uuid = ["timestamp, uuid, power.draw [W], utilization.gpu [%]"]
+    t0 = 1_700_000_000
+    for s in range(12):
+        stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(t0 + s)) + ".123"
+        for g in range(2):
+            power = 650.0 if s < 6 else 180.0
+            rows_index.append(
+                f"{stamp}, {g}, NVIDIA H100 80GB HBM3, {power:.2f} W, 700.00 W, "
+                f"{95 if s < 6 else 100} %, 40000 MiB"
+            )
+            rows_plain.append(f"{stamp}, {power:.2f} W, 90 %")
+            rows_uuid.append(f"{stamp}, GPU-{g:08d}-aaaa, {power:.2f} W, 90 %")
+    return [("\n".join(r) + "\n").encode() for r in (rows_index, rows_plain, rows_uuid)]
+
+
+def config_seeds() -> list[bytes]:
+    example = Path(__file__).resolve().parents[2] / "deploy" / "config.example.toml"
+    small = b"""[daemon]
+listen = "127.0.0.1:9410"
+period_s = 1.0
+allowed_hosts = ["node01"]
+[detector]
+fast_min_s = 60.0
+[classifier.dwell_s]
+compute = 3.0
+[[alerts.sinks]]
+kind = "webhook"
+url = "http://127.0.0.1:9/hook"
+timeout_s = 2.0
+"""
+    return [example.read_bytes(), small]
+
+
+def progress_seeds() -> list[bytes]:
+    base = {
+        "job": "j",
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 2,
+        "pid": 1,
+        "host": "elsewhere",
+        "step": 10,
+        "epoch": 0,
+        "tokens": 100,
+        "phase": "train",
+        "lease_until": None,
+        "time": 1_700_000_000.5,
+    }
+    lease = {**base, "phase": "checkpoint", "lease_until": 1_700_000_600.0, "lease_scope": "job"}
+    return [json.dumps(base).encode(), json.dumps(lease, indent=1).encode()]
+
+
+# ------------------------------------------------------------------------------------- runners
+
+
+def run_csv(data: bytes, tmp: Path) -> str:
+    from gpu_triage import cli
+
+    path = tmp / "rec.csv"
+    path.write_bytes(data)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main(["triage", "--no-progress", "--json", str(path)])
+    if code in (0, 1):
+        return "result"
+    message = err.getvalue()
+    if code == 2 and f"gpu-watchdog triage: error: {path}" in message:
+        return "error"
+    raise AssertionError(f"exit {code}: {message[:500]}")
+
+
+def run_config(data: bytes, tmp: Path) -> str:
+    from gpu_triage.config import ConfigError, load_config
+
+    path = tmp / "config.toml"
+    path.write_bytes(data)
+    try:
+        load_config(path, {})
+    except ConfigError as e:
+        if str(path) not in str(e):
+            raise AssertionError(f"error not naming the file: {e}") from None
+        return "error"
+    return "result"
+
+
+def run_progress(data: bytes, tmp: Path) -> str:
+    from gpu_triage.progress import ProgressFormatError, ProgressReader, parse_record
+
+    try:
+        parse_record(data)
+        outcome = "result"
+    except ProgressFormatError:
+        outcome = "error"
+    job = tmp / "progress" / "j"
+    job.mkdir(parents=True, exist_ok=True)
+    (job / "rank-0.json").write_bytes(data)
+    view = ProgressReader(tmp / "progress", host="here").read(1_700_000_001.0)
+    read = bool(view.jobs) or any(e.path.name == "rank-0.json" for e in view.errors)
+    if not read:
+        raise AssertionError("the reader neither read the file nor reported it")
+    return outcome
+
+
+FORMATS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes, Path], str]]] = {
+    "csv": (csv_seeds, run_csv),
+    "config": (config_seeds, run_config),
+    "progress": (progress_seeds, run_progress),
+}
+
+
+def _peak_rss_mb() -> float:
+    """This process image's peak RSS: ``VmHWM`` (reset by exec, unlike ``ru_maxrss``, which would
+    count the forked parent's pages)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _alarm(*_args: object) -> None:
+    raise TimeoutError(f"input took more than {HANG_S} s")
+
+
+def main(argv: list[str]) -> int:
+    fmt, count, seed = argv[0], int(argv[1]), int(argv[2])
+    seeds, run = FORMATS[fmt]
+    rng = random.Random(seed)
+    docs = seeds()
+    outcomes: dict[str, int] = {}
+    failures: list[dict[str, object]] = []
+    hangs = 0
+    slowest = 0.0
+    signal.signal(signal.SIGALRM, _alarm)
+    logging.getLogger().addHandler(logging.NullHandler())  # the readers log each bad file: not here
+    with tempfile.TemporaryDirectory(prefix=f"fuzz-{fmt}-") as tmp_name:
+        tmp = Path(tmp_name)
+        for i in range(count):
+            data = mutate(rng.choice(docs), rng)
+            started = time.monotonic()
+            signal.alarm(HANG_S)
+            try:
+                outcome = run(data, tmp)
+            except TimeoutError:
+                hangs += 1
+                outcome = "hang"
+                failures.append({"input": i, "hang": True, "head": data[:200].decode("latin-1")})
+            except BaseException as e:  # a traceback: the thing the fuzzer exists to find
+                outcome = "traceback"
+                failures.append(
+                    {
+                        "input": i,
+                        "error": f"{type(e).__name__}: {str(e)[:300]}",
+                        "traceback": traceback.format_exc()[-1500:],
+                        "head": data[:200].decode("latin-1"),
+                    }
+                )
+            finally:
+                signal.alarm(0)
+            slowest = max(slowest, time.monotonic() - started)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    peak_mb = _peak_rss_mb()
+    print(
+        json.dumps(
+            {
+                "format": fmt,
+                "inputs": count,
+                "seed": seed,
+                "outcomes": outcomes,
+                "tracebacks": outcomes.get("traceback", 0),
+                "hangs": hangs,
+                "slowest_s": round(slowest, 3),
+                "peak_rss_mb": round(peak_mb, 1),
+                "failures": failures[:20],
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
