@@ -4,6 +4,7 @@ verdicts rest on the progress files and the processes alone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,6 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from gpu_triage.config import load_config, override
 from gpu_triage.daemon import Daemon
@@ -146,9 +149,19 @@ def run_with_daemon(
                     break
                 time.sleep(0.1)
         finally:
+            # torchrun's workers leave its process group: take the whole tree, or a deadlocked
+            # job outlives the test (and later daemons on this machine would see it)
+            try:
+                tree = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                tree = []
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+            for child in tree:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
             proc.wait(30)
+            psutil.wait_procs(tree, timeout=10)
             daemon.stop()
             loop.join(15)
             daemon.close()
