@@ -172,6 +172,8 @@ class Daemon:
             state_dir=state_dir,
             node=self.node,
             generator_url=f"http://{self.config.daemon.listen}/status",
+            max_bundles=self.config.evidence.max_bundles,
+            evidence_retention_s=self.config.evidence.retention_days * 86400.0,
         )
 
     def _start_http(self) -> None:
