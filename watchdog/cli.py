@@ -26,7 +26,9 @@ Recordings are nvidia-smi CSV logs, e.g. from
   nvidia-smi --query-gpu=timestamp,index,name,power.draw,power.limit,utilization.gpu,memory.used \\
              --format=csv -lms 100 > run.csv
 Without an index column, rows are taken as complete snapshots in board order (pass --gpus if the count
-cannot be inferred). Exit status: 0 clean, 1 a deadlock verdict, 2 bad input.
+cannot be inferred). A recording made with --format=csv,noheader needs its field list:
+  gpu-watchdog triage --columns timestamp,index,power.draw,utilization.gpu run.csv
+Exit status: 0 clean, 1 a deadlock verdict, 2 bad input.
 """
 
 
@@ -44,6 +46,14 @@ def _positive(parse, what: str, upper: float | None = None):
         return v
 
     return check
+
+
+def _field_list(text: str) -> tuple[str, ...]:
+    """``--columns timestamp,index,power.draw`` -> the nvidia-smi field names, in order."""
+    fields = tuple(f.strip() for f in text.split(","))
+    if not fields or any(not f for f in fields):
+        raise argparse.ArgumentTypeError(f"expected comma-separated nvidia-smi field names, got {text!r}")
+    return fields
 
 
 _positive_float = _positive(float, "a number")
@@ -97,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         "that entered the band together with no checkpoint writer beside them (another job's GPUs may "
         f"keep computing). Default {DEFAULT_DEADLOCK_AFTER_S:g} s; any positive duration (raise it where "
         "a save whose writer is on another node takes longer; see docs/triage.md)",
+    )
+    t.add_argument(
+        "--columns",
+        type=_field_list,
+        metavar="FIELDS",
+        help="the --query-gpu field list of a recording without a header line (--format=csv,noheader), "
+        "comma-separated as given to nvidia-smi, e.g. timestamp,index,power.draw,utilization.gpu",
     )
     t.add_argument("--json", action="store_true", help="one JSON object per file (an array for several)")
     t.add_argument(
@@ -245,6 +262,7 @@ def cmd_triage(args: argparse.Namespace) -> int:
         deadlock_after_s=args.deadlock_after,
         table_path=args.table,
         keep_plot_points=bool(args.plot),
+        columns=args.columns,
     )
     code = EXIT_OK
     outputs: list[dict] = []
