@@ -214,11 +214,20 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="one daemon's GPUs and jobs as tables",
         description="Fetch GET /status from a daemon and show its GPUs (state, power, since) and jobs "
-        "(verdict, onset, evidence). Exit status: 0 ok, 1 a deadlock verdict, 2 unreachable.",
+        "(verdict, onset, lagging ranks, evidence), times in local time with their age. "
+        "Exit status: 0 ok, 1 a deadlock verdict, 2 unreachable.",
     )
     st.add_argument("--url", default="http://127.0.0.1:9410", help="daemon URL (default %(default)s)")
     st.add_argument("--json", action="store_true", help="print the daemon's /status document as it came")
     st.add_argument("--timeout", type=_positive_float, default=2.0, metavar="S", help="seconds (default 2)")
+    st.add_argument(
+        "--watch",
+        type=_positive_float,
+        nargs="?",
+        const=2.0,
+        metavar="S",
+        help="redraw in place every S seconds (default 2) until Ctrl-C",
+    )
     st.set_defaults(func=cmd_status)
 
     cl = sub.add_parser(
@@ -371,7 +380,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from gpu_triage.status_cmd import run
 
-    return run(args.url, as_json=args.json, timeout_s=args.timeout)
+    return run(args.url, as_json=args.json, timeout_s=args.timeout, watch_s=args.watch)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
