@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the integration tests need: prometheus (promtool and the server),
-# prometheus-alertmanager (amtool and the server, installed as /usr/bin/prometheus-alertmanager), systemd.
+# prometheus-alertmanager (amtool and the server, installed as /usr/bin/prometheus-alertmanager), systemd,
+# and a one-node Slurm cluster (tests/integration/test_slurm.py): slurmctld, slurmd, slurm-client (sbatch,
+# squeue, scancel, sacct, scontrol), slurmdbd and mariadb-server (sacct needs accounting storage), munge.
 #
 # Idempotent: packages already installed are skipped; `apt-get update` runs at most once per call and
 # only when something is missing. Runs as root, or through sudo when it is available.
@@ -15,6 +17,12 @@ PACKAGES=(
   "prometheus:promtool"
   "prometheus-alertmanager:amtool"
   "systemd:systemd-analyze"
+  "slurmctld:slurmctld"
+  "slurmd:slurmd"
+  "slurm-client:sbatch"
+  "slurmdbd:slurmdbd"
+  "munge:munged"
+  "mariadb-server:mariadbd"
 )
 
 missing=()

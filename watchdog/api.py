@@ -22,7 +22,7 @@ import hmac
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -138,11 +138,18 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["gpus"] = [gpu_document(g) for g in snapshot.gpus]
     document["jobs"] = [job_document(j) for j in snapshot.jobs]
     document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
+    document["input_errors"] = _plain(list(snapshot.input_errors))
+    document["failed_cycles"] = snapshot.failed_cycles
+    document["stacks"] = _plain(snapshot.stacks)
     return document
 
 
 def _dumps(document: Any) -> bytes:
     return json.dumps(_plain(document), separators=(",", ":"), allow_nan=False).encode()
+
+
+FAILING_AFTER_CYCLES = 3
+"""Consecutive failed cycles after which /healthz answers 503 ``failing``."""
 
 
 class _Doc(BaseModel):
@@ -219,11 +226,23 @@ class StatusDoc(_Doc):
     untrusted_progress_files: list[dict[str, Any]] = Field(
         description="Progress files not believed (another owner, or a pid that is not the rank it claims)"
     )
+    input_errors: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="What failed this cycle without stopping it: kind (progress_file, job, store, actions), "
+        "where, error",
+    )
+    failed_cycles: int = Field(0, description="Consecutive cycles that failed (this is the last good one)")
+    stacks: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Stack sampler (py-spy): state (available, py_spy_missing, ptrace_denied, disabled), "
+        "cpu_s_last_min against budget_cpu_s_per_min, dump counters; per-job stacks are in the job evidence",
+    )
 
 
 class HealthDoc(_Doc):
-    status: Literal["ok", "stale", "starting"]
+    status: Literal["ok", "stale", "starting", "failing"]
     last_cycle_age_s: float | None
+    failed_cycles: int | None = None
     max_age_s: float
     cycle: int | None
 
@@ -407,6 +426,13 @@ class _Rendered:
     gpus: bytes
 
 
+def set_token(app: FastAPI, token: str | None) -> None:
+    """Replace the bearer token of a running app (SIGHUP re-reads auth.token_file)."""
+    if token is not None and not token.strip():
+        raise ValueError("the auth token is empty; pass None to disable mutating calls")
+    app.state.auth = _Auth(token)
+
+
 def create_app(
     *,
     snapshots: SnapshotHolder,
@@ -418,10 +444,13 @@ def create_app(
     clock: Callable[[], float] = time.time,
     max_body_bytes: int = MAX_BODY_BYTES,
     metrics_registry: CollectorRegistry | None = None,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> FastAPI:
     """The REST app. ``token`` is the bearer token for mutating calls (``None``: they answer 403);
     ``period_s`` the loop's period (health: stale after max(3 periods, 5 s)); ``clock`` the epoch
-    clock compared with ``Snapshot.time``; ``table`` returns the power table in use as a dict."""
+    clock compared with ``Snapshot.time``; ``table`` returns the power table in use as a dict;
+    ``allowed_hosts`` (None: no check) the host names a request's Host header may name besides IP
+    addresses and localhost (:mod:`gpu_triage.host_check`)."""
     if token is not None and not token.strip():
         raise ValueError("the auth token is empty; pass None to disable mutating calls")
     max_age_s = max(STALE_PERIODS * period_s, MIN_STALE_S)
@@ -434,6 +463,10 @@ def create_app(
         description="Per-node GPU training watchdog: status, events, metrics and controls.",
     )
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+    if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
+        from gpu_triage.host_check import HostCheck, HostPolicy
+
+        app.add_middleware(HostCheck, policy=HostPolicy(allowed_hosts))
     app.state.snapshots = snapshots
     app.state.auth = _Auth(token)
     app.state.control = control
@@ -458,7 +491,8 @@ def create_app(
         "/healthz", response_model=None, responses={200: {"model": HealthDoc}, 503: {"model": HealthDoc}}
     )
     async def healthz() -> Response:
-        """200 while the last cycle is younger than max(3 periods, 5 s); else 503 (stale/starting)."""
+        """200 while the last cycle is younger than max(3 periods, 5 s); else 503 (stale/starting);
+        503 ``failing`` as soon as 3 cycles in a row raised."""
         snapshot = snapshots.latest()
         if snapshot is None:
             return _json(
@@ -466,14 +500,16 @@ def create_app(
             )
         age_s = clock() - snapshot.time
         fresh = age_s < max_age_s
+        failing = snapshot.failed_cycles >= FAILING_AFTER_CYCLES
         return _json(
             {
-                "status": "ok" if fresh else "stale",
+                "status": "failing" if failing else ("ok" if fresh else "stale"),
                 "last_cycle_age_s": round(age_s, 3),
                 "max_age_s": max_age_s,
                 "cycle": snapshot.cycle,
+                "failed_cycles": snapshot.failed_cycles,
             },
-            200 if fresh else 503,
+            200 if fresh and not failing else 503,
         )
 
     @app.get("/status", response_model=None, responses={200: {"model": StatusDoc}})

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 
 from gpu_triage import __version__
+from gpu_triage.limits import MAX_GPUS, finite_or_none
 
 EXIT_OK, EXIT_DEADLOCK, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -40,7 +42,7 @@ def _positive(parse, what: str, upper: float | None = None):
             v = parse(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if v <= 0 or (upper is not None and v > upper):
+        if not math.isfinite(v) or v <= 0 or (upper is not None and v > upper):
             bound = f"in (0, {upper:g}]" if upper is not None else "above 0"
             raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text}")
         return v
@@ -58,6 +60,7 @@ def _field_list(text: str) -> tuple[str, ...]:
 
 _positive_float = _positive(float, "a number")
 _positive_int = _positive(int, "a whole number")
+_gpu_count = _positive(int, "a GPU count", MAX_GPUS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--table", metavar="TOML", help="a power table file (e.g. written by calibrate)")
     t.add_argument(
         "--gpus",
-        type=_positive_int,
+        type=_gpu_count,
         help="GPU count, needed only without an index column when it cannot be inferred",
     )
     t.add_argument(
@@ -158,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--model", help="base table the fit starts from (default: matched from the file, else generic)"
     )
-    c.add_argument("--gpus", type=_positive_int)
+    c.add_argument("--gpus", type=_gpu_count)
     c.add_argument("--power-limit", type=_positive_float, metavar="W")
     c.add_argument(
         "--unlabelled",
@@ -256,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_triage.ops_cmd import add_parsers as add_ops_parsers
 
     add_ops_parsers(sub)  # check-config, render-rules
+
+    from gpu_triage import slurm_health  # stdlib only: cheap for every invocation
+
+    slurm_health.add_subparser(sub)
     return parser
 
 
@@ -303,7 +310,8 @@ def cmd_triage(args: argparse.Namespace) -> int:
             print(render(result))
     if args.json:
         doc = outputs[0] if len(args.files) == 1 else outputs
-        json.dump(doc, sys.stdout, indent=None if len(json.dumps(doc)) > 2000 else 1)
+        doc = finite_or_none(doc)  # NaN/Infinity are not JSON: null
+        json.dump(doc, sys.stdout, indent=None if len(json.dumps(doc)) > 2000 else 1, allow_nan=False)
         sys.stdout.write("\n")
     return code
 

@@ -38,10 +38,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from gpu_triage.limits import MAX_CONFIG_BYTES, InputTooLarge, read_regular_file
 from gpu_triage.states import GpuState, Mode
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpu-watchdog/config.toml")
 ENV_PREFIX = "GPU_WATCHDOG_"
+MAX_SECRET_BYTES = 64 * 1024
 ENV_SEPARATOR = "__"
 SOURCE_NAMES = ("auto", "nvml", "sim", "none")
 SINK_KINDS = ("webhook", "alertmanager", "pagerduty", "slack")
@@ -208,6 +210,17 @@ def argv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def host_names(value: Any) -> tuple[str, ...]:
+    """Host names (no port, no spaces or slashes), or ``"*"`` for any."""
+    expected = 'a list of host names (e.g. ["node01.cluster.example"]), or ["*"] for any'
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and v and len(v) <= 253 and not any(c.isspace() or c in "/@?#" for c in v)
+        for v in value
+    ):
+        raise _Invalid(expected)
+    return tuple(value)
+
+
 @_takes_text
 def listen_address(value: Any) -> str:
     """``HOST:PORT`` with HOST an IPv4 address, a host name or ``[IPv6]``."""
@@ -270,6 +283,10 @@ class DaemonConfig:
     )
     source: str = field(default="auto", metadata=meta(source_spec, "telemetry source"))
     listen: str = field(default="127.0.0.1:9410", metadata=meta(listen_address, "REST + /metrics address"))
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=meta(host_names, "names a request's Host header may use besides addresses and localhost"),
+    )
     state_dir: Path = field(
         default=Path("/var/lib/gpu-watchdog"), metadata=meta(path_value, "event store and evidence")
     )
@@ -390,6 +407,59 @@ class DetectorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StacksConfig:
+    """Stack evidence (py-spy): the sampler's schedule and budget, and what the detector makes of it."""
+
+    enabled: bool = field(default=True, metadata=meta(boolean, "sample the ranks' Python stacks with py-spy"))
+    py_spy: str = field(
+        default="auto", metadata=meta(nonempty_text, "py-spy binary, or auto (PATH, then beside python)")
+    )
+    nonblocking: bool = field(
+        default=True, metadata=meta(boolean, "dump without pausing the rank (py-spy --nonblocking)")
+    )
+    healthy_interval_s: float = field(
+        default=60.0, metadata=meta(number(1, 86400), "dump interval of a job whose steps advance")
+    )
+    blind_interval_s: float = field(
+        default=10.0, metadata=meta(number(1, 86400), "dump interval of a job without progress files")
+    )
+    suspect_interval_s: float = field(
+        default=3.0, metadata=meta(number(0.5, 3600), "dump interval on suspicion")
+    )
+    timeout_s: float = field(default=5.0, metadata=meta(number(0.5, 120), "limit of one py-spy dump"))
+    budget_cpu_s_per_min: float = field(
+        default=3.0, metadata=meta(number(0.01, 60), "py-spy CPU seconds allowed per rolling minute")
+    )
+    max_parallel: int = field(default=2, metadata=meta(integer(1, 16), "jobs dumped at the same time"))
+    frozen_s: float = field(
+        default=30.0, metadata=meta(number(1, 86400), "a stack unchanged this long is frozen")
+    )
+    min_samples: int = field(
+        default=4, metadata=meta(integer(2, 1000), "dumps in a row a frozen stack must span")
+    )
+    fresh_s: float = field(
+        default=30.0, metadata=meta(number(1, 86400), "a dump older than this is not used")
+    )
+    checkpoint_max_s: float = field(
+        default=1800.0,
+        metadata=meta(number(1, 604800), "a save longer than this: stalled_checkpoint"),
+    )
+    asleep_cpu_ratio: float = field(
+        default=0.3, metadata=meta(number(0, 64), "a rank below this share of a core is asleep on the host")
+    )
+
+    def detector_settings(self) -> dict[str, float | int]:
+        """The keys the detector reads (``stacks_*`` fields of its config)."""
+        return {
+            "stacks_frozen_s": self.frozen_s,
+            "stacks_min_samples": self.min_samples,
+            "stacks_fresh_s": self.fresh_s,
+            "stacks_checkpoint_max_s": self.checkpoint_max_s,
+            "stacks_asleep_cpu_ratio": self.asleep_cpu_ratio,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class EventsConfig:
     retention_days: float = field(
         default=30.0, metadata=meta(number(0, 3650, low_open=True), "age limit of events")
@@ -440,6 +510,16 @@ class ActionsConfig:
     dry_run: bool = field(
         default=False, metadata=meta(boolean, "log what would be signalled, signal nothing")
     )
+    kill_via: str = field(
+        default="auto",
+        metadata=meta(choice("auto", "signal", "slurm"), "stop a job with signals or Slurm's scancel"),
+    )
+    slurm_cancel: str = field(
+        default="job", metadata=meta(choice("job", "step"), "scancel the whole job or the ranks' step")
+    )
+    slurm_bin_dir: Path | None = field(
+        default=None, metadata=meta(optional_path, "directory of scancel/squeue (default: PATH)")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,6 +558,7 @@ class Config:
     progress: ProgressConfig = field(default_factory=ProgressConfig)
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    stacks: StacksConfig = field(default_factory=StacksConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -492,6 +573,7 @@ SECTIONS: dict[str, type] = {
     "progress": ProgressConfig,
     "classifier": ClassifierConfig,
     "detector": DetectorConfig,
+    "stacks": StacksConfig,
     "events": EventsConfig,
     "evidence": EvidenceConfig,
     "auth": AuthConfig,
@@ -643,6 +725,13 @@ def _cross_checks(config: Config, origins: Mapping[str, str], errors: _Collector
             f"at least actions.capture_after_s ({_fmt(a.capture_after_s)}): evidence is captured first",
             a.alert_after_s,
         )
+    if a.kill_via == "slurm" and a.kill_hook:
+        errors.add(
+            origin("actions.kill_via"),
+            "actions.kill_via",
+            'not "slurm" together with actions.kill_hook: choose one way to stop a job',
+            a.kill_via,
+        )
     if config.alerts.retry_max_s < config.alerts.retry_initial_s:
         errors.add(
             origin("alerts.retry_max_s"),
@@ -656,7 +745,7 @@ def parse_env_value(raw: str) -> Any:
     """An environment value as TOML would read it (``0.5``, ``true``, ``[...]``), else the string."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return raw
 
 
@@ -696,13 +785,18 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
     if path is not None:
         origin = str(path)
         try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            text = read_regular_file(path, MAX_CONFIG_BYTES, "config file").decode("utf-8")
+            raw = tomllib.loads(text)
         except FileNotFoundError:
             raise ConfigError([f"{path}: no such file"]) from None
+        except InputTooLarge as e:
+            raise ConfigError([str(e)]) from None
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError([f"{path}: cannot read: {e}"]) from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError([f"{path}: invalid TOML: {e}"]) from None
+        except RecursionError:
+            raise ConfigError([f"{path}: invalid TOML: nested too deeply"]) from None
         for section, table in raw.items():
             if isinstance(table, dict):
                 for key in table:
@@ -803,8 +897,11 @@ def resolve_config_path(arg: Path | None) -> Path | None:
 def load_secret(path: Path, what: str = "token") -> str:
     """Read a secret (bearer token, routing key, Slack URL) from ``path``.
 
-    Refused - :class:`ConfigError` - when the file is missing, empty, not a regular file or
-    world-readable (``mode & 0o004``). The secret itself never appears in an error.
+    Refused - :class:`ConfigError` - when the file is missing, empty, not a regular file, larger
+    than 64 KiB, more than one line, world-readable (``mode & 0o004``) or writable by anyone but its
+    owner (``mode & 0o022``: another user could swap the secret). Group-readable is fine (0640 lets a
+    ``gpu-watchdog`` group of operators read it); 0600 is the default. The secret itself never
+    appears in an error.
     """
     try:
         st = os.stat(path)
@@ -820,12 +917,24 @@ def load_secret(path: Path, what: str = "token") -> str:
                 f"refusing to use it: run `chmod o-r {path}` (0600 or 0640 are fine)"
             ]
         )
+    if mode & 0o022:
+        who = "world" if mode & 0o002 else "group"
+        raise ConfigError(
+            [
+                f"{path}: the {what} file is {who}-writable (mode {mode:04o}); "
+                f"refusing to use it: run `chmod go-w {path}` (0600 or 0640 are fine)"
+            ]
+        )
     try:
-        value = Path(path).read_text(encoding="utf-8").strip()
+        value = read_regular_file(path, MAX_SECRET_BYTES, f"{what} file").decode("utf-8").strip()
+    except InputTooLarge as e:
+        raise ConfigError([str(e)]) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError([f"{path}: cannot read the {what} file: {e}"]) from None
     if not value:
         raise ConfigError([f"{path}: the {what} file is empty"])
+    if "\n" in value or "\r" in value:
+        raise ConfigError([f"{path}: the {what} file has more than one line (it must hold the {what} alone)"])
     return value
 
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from gpu_triage import __version__, logs
-from gpu_triage.config import Config, load_config, load_token
+from gpu_triage.config import Config, load_config, load_token, override
 from gpu_triage.control import QueuedControl
-from gpu_triage.detector import Detector, GpuView
+from gpu_triage.detector import Detector, GpuView, JobView
 from gpu_triage.detector import DetectorConfig as DetectorSettings
 from gpu_triage.eventstore import EventStore, StoreError
 from gpu_triage.fusion import job_views
@@ -38,6 +38,7 @@ from gpu_triage.progress import ProgressReader, ProgressView
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.sdnotify import SdNotifier
 from gpu_triage.snapshot import JobStatus, Snapshot
+from gpu_triage.stack_sampler import SamplerConfig, StackSampler
 from gpu_triage.states import Mode, Verdict
 from gpu_triage.telemetry.types import TelemetrySource
 
@@ -51,6 +52,8 @@ class CycleStats:
     """Ticks skipped because a cycle overran its period."""
     worst_lateness_s: float = 0.0
     last_duration_s: float = 0.0
+    failed: int = 0
+    """Cycles that raised (nothing published)."""
 
 
 class Daemon:
@@ -68,9 +71,13 @@ class Daemon:
         serve_http: bool = True,
         on_cycle: Callable[[Snapshot], None] | None = None,
         actions: Any | None = None,
+        overrides: dict[str, Any] | None = None,
     ) -> None:
+        """``overrides``: the command-line values applied over the file (re-applied on reload)."""
         self.config = config
         self.config_path = config_path
+        self.overrides = dict(overrides or {})
+        self._app: Any = None
         self.source = source
         self.clock = clock
         self.monotonic = monotonic
@@ -87,7 +94,8 @@ class Daemon:
             table_path=config.classifier.table,
             dwell_s=dict(config.classifier.dwell_s),
         )
-        self.detector = Detector(DetectorSettings(**asdict(config.detector)))
+        self.detector = Detector(detector_settings(config))
+        self.stacks = make_sampler(config)
         self.progress = ProgressReader(
             config.progress.dir, stale_after_s=config.progress.stale_after_s, host=socket.gethostname()
         )
@@ -108,11 +116,21 @@ class Daemon:
         self._untrusted: tuple[dict[str, Any], ...] = ()
         self._silences_saved = 0
         self.cycle_no = 0
+        self.failed_cycles = 0
+        self._last_cycle_error: str | None = None
+        self._progress_errors: tuple[dict[str, Any], ...] = ()
+        self._actions_error: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
+        """Raises ConfigError (exit 2) for what the config names but cannot be used - checked here
+        once, not found failing in every cycle."""
+        validate_classifier(self.config)
         state_dir = Path(self.config.daemon.state_dir)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a full disk: the store runs on memory and reattaches later
+            log.error("cannot create the state directory %s: %s", state_dir, e)
         ev = self.config.events
         try:
             self.store = EventStore(
@@ -121,8 +139,9 @@ class Daemon:
                 retention_s=ev.retention_days * 86400,
                 max_bytes=ev.max_bytes,
                 prune_interval_s=ev.prune_interval_s,
+                memory_fallback=True,  # a full disk must not disable alerting and killing
             )
-        except StoreError as e:
+        except (StoreError, OSError) as e:
             log.error("event store unavailable, running without it: %s", e)
             self.store = None
         self._event(
@@ -191,7 +210,14 @@ class Daemon:
             control=self.control,
             token=token,
             period_s=self.config.daemon.period_s,
+            allowed_hosts=[
+                *self.config.daemon.allowed_hosts,
+                self.node,
+                socket.gethostname(),
+                host.strip("[]"),
+            ],
         )
+        self._app = app
         self.http = HttpServer(app, host.strip("[]") or "127.0.0.1", int(port))
         self.http.start()
 
@@ -233,6 +259,7 @@ class Daemon:
             log.exception("closing the telemetry source")
         if self.store is not None:
             self.store.close()
+        self.stacks.close()
 
     # -- the loop -------------------------------------------------------------------------------
     def run_forever(self) -> None:
@@ -247,9 +274,9 @@ class Daemon:
             t0 = self.monotonic()
             try:
                 self.cycle(self.clock())
-            except Exception:
-                log.exception("cycle %d failed", self.cycle_no)
-                self._event("daemon", {"event": "cycle_failed", "cycle": self.cycle_no})
+                self._cycle_failed(None)
+            except Exception as e:
+                self._cycle_failed(e)
             self.stats.last_duration_s = self.monotonic() - t0
             now_m = self.monotonic()
             if self.notifier.watchdog_due(now_m):
@@ -262,6 +289,25 @@ class Daemon:
                 self.stats.worst_lateness_s = max(self.stats.worst_lateness_s, lateness)
                 next_tick += missed * period
             self._stop.wait(max(0.0, next_tick - self.monotonic()))
+
+    def _cycle_failed(self, error: Exception | None) -> None:
+        """Count consecutive failed cycles; the last good snapshot is republished with the count so
+        /healthz turns 503 ``failing``. Logged with its traceback when the error changes, not each time."""
+        if error is None:
+            if self.failed_cycles:
+                log.warning("cycle %d succeeded after %d failed cycle(s)", self.cycle_no, self.failed_cycles)
+            self.failed_cycles, self._last_cycle_error = 0, None
+            return
+        self.failed_cycles += 1
+        self.stats.failed += 1
+        text = f"{type(error).__name__}: {error}"[:300]
+        if text != self._last_cycle_error:
+            log.error("cycle %d failed (%d in a row)", self.cycle_no, self.failed_cycles, exc_info=error)
+            self._event("daemon", {"event": "cycle_failed", "cycle": self.cycle_no, "error": text})
+            self._last_cycle_error = text
+        latest = self.snapshots.latest()
+        if latest is not None:
+            self.snapshots.publish(replace(latest, failed_cycles=self.failed_cycles))
 
     def cycle(self, now: float) -> Snapshot:
         """One cycle at epoch time ``now``; returns (and publishes) the snapshot."""
@@ -306,10 +352,15 @@ class Daemon:
                     silences=self.control.silences,
                     progress_dir=cfg.progress.dir,
                 )
-            except Exception:
-                log.exception("actions failed")
+                self._actions_error = None
+            except Exception as e:
+                text = f"{type(e).__name__}: {e}"[:300]
+                if text != self._actions_error:
+                    log.exception("actions failed")
+                self._actions_error = text
         self._persist_silences(now)
         if self.store is not None:
+            self.store.maybe_reattach(now)
             self.store.maybe_prune(now)
         self.stats.cycles += 1
         snap = Snapshot(
@@ -328,18 +379,34 @@ class Daemon:
             counters={
                 "cycles_total": float(self.stats.cycles),
                 "missed_cycles_total": float(self.stats.missed),
+                "failed_cycles_total": float(self.stats.failed),
             },
             actions=dict(getattr(self.actions, "counters", {}) or {}),
             version=__version__,
             untrusted_progress_files=self._untrusted,
+            input_errors=self._input_errors(),
+            stacks=self.stacks.status(),
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
             self.on_cycle(snap)
         return snap
 
+    def _input_errors(self) -> tuple[dict[str, Any], ...]:
+        """What failed this cycle without stopping it (Snapshot.input_errors)."""
+        out = list(self._progress_errors)
+        out += [{"kind": "job", "where": j, "error": e} for j, e in sorted(self.detector.job_errors.items())]
+        if self.store is not None and getattr(self.store, "memory_only", False):
+            out.append({"kind": "store", "where": str(self.store.path), "error": self.store.memory_reason})
+        if self._actions_error is not None:
+            out.append({"kind": "actions", "where": "actions", "error": self._actions_error})
+        return tuple(out)
+
     def _detect(self, now: float, samples, statuses) -> tuple[JobStatus, ...]:
         view = self.progress.read(now)
+        self._progress_errors = tuple(
+            {"kind": "progress_file", "where": str(e.path), "error": e.error} for e in view.errors
+        )
         gpu_pids = {s.gpu: list(s.pids) for s in samples if s.pids}
         uuid_to_index = {g.uuid: g.gpu for g in statuses if g.uuid}
         self._process_view = self.inspector.inspect(
@@ -356,6 +423,7 @@ class Daemon:
             untrusted_files=untrusted_files,
         )
         self._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in self._process_view.untrusted)])
+        jobs = self._with_stacks(now, jobs)
         gviews = [
             GpuView(
                 g.gpu,
@@ -400,6 +468,29 @@ class Daemon:
             logs.EVENTS.verdict(gone, last, None, cause="job_gone")
         return results
 
+    def _with_stacks(self, now: float, jobs: list[JobView]) -> list[JobView]:
+        """Ask the sampler for dumps of every job's proven live ranks (it decides what is due) and
+        hand each job its latest stacks."""
+        procs = self._process_view.jobs if self._process_view is not None else {}
+        out = []
+        for j in jobs:
+            pids = {r.rank: r.pid for r in j.ranks if r.proven and r.alive and r.pid is not None}
+            sizes = {p.world_size for p in procs.get(j.job, ()) if p.world_size is not None}
+            world = j.world_size if j.world_size is not None else (sizes.pop() if len(sizes) == 1 else None)
+            prev = self._verdicts.get(j.job)
+            self.stacks.request(
+                now,
+                j.job,
+                pids,
+                urgent=prev is not None and prev is not Verdict.HEALTHY,
+                blind=not j.has_progress,
+                world_size=world,
+            )
+            summary = self.stacks.summary(j.job)
+            out.append(replace(j, stacks=summary) if summary is not None else j)
+        self.stacks.forget({j.job for j in jobs})
+        return out
+
     def _event(
         self,
         kind: str,
@@ -423,6 +514,10 @@ class Daemon:
         self.notifier.reloading()
         try:
             new = load_config(self.config_path, os.environ)
+            if self.overrides:  # the same command line as at start: a flag is no change
+                new = override(new, self.overrides, origin="command line")
+            validate_classifier(new)
+            token = load_token(new) if self._app is not None else None
         except Exception as e:
             log.error("reload failed, keeping the running configuration: %s", e)
             self._event("daemon", {"event": "reload_failed", "error": str(e)})
@@ -440,17 +535,60 @@ class Daemon:
                 source=self.config.daemon.source,
             ),
         )
-        self.detector.config = DetectorSettings(**asdict(new.detector))
+        self.detector.config = detector_settings(new)
+        if new.stacks != self.config.stacks:
+            self.stacks.close()
+            self.stacks = make_sampler(new)
         if new.progress != self.config.progress:
             self.progress = ProgressReader(
                 new.progress.dir, stale_after_s=new.progress.stale_after_s, host=socket.gethostname()
             )
         if new.actions.mode != self.config.actions.mode:
             self.mode = new.actions.mode
+        if self._app is not None:
+            from gpu_triage.api import set_token
+
+            set_token(self._app, token)  # a rotated token file takes effect now; the old one stops
+            log.info("auth token re-read from %s", new.auth.token_file)
         self.config = new
         self._event("daemon", {"event": "reloaded", "config": new.origin})
         self.notifier.ready("configuration reloaded")
         log.info("configuration reloaded from %s", new.origin)
+
+
+def validate_classifier(config: Config) -> None:
+    """The table file or model the config names must load now (ConfigError naming the key), rather
+    than raise in every cycle once a GPU is seen."""
+    from gpu_triage.config import ConfigError
+    from gpu_triage.tables import TableError, resolve_table
+
+    c = config.classifier
+    try:
+        resolve_table(model=c.model, path=c.table)
+    except TableError as e:
+        key = "classifier.table" if c.table is not None else "classifier.model"
+        raise ConfigError([f"{config.origin}: {key}: {e}"]) from None
+
+
+def detector_settings(config: Config) -> DetectorSettings:
+    return DetectorSettings(**asdict(config.detector), **config.stacks.detector_settings())
+
+
+def make_sampler(config: Config) -> StackSampler:
+    s = config.stacks
+    return StackSampler(
+        SamplerConfig(
+            enabled=s.enabled,
+            py_spy=s.py_spy,
+            nonblocking=s.nonblocking,
+            healthy_interval_s=s.healthy_interval_s,
+            blind_interval_s=s.blind_interval_s,
+            suspect_interval_s=s.suspect_interval_s,
+            timeout_s=s.timeout_s,
+            budget_cpu_s_per_min=s.budget_cpu_s_per_min,
+            max_parallel=s.max_parallel,
+        )
+    )
 
 
 def progress_claims(view: ProgressView, host: str) -> list[ProgressClaim]:

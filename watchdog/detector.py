@@ -50,6 +50,15 @@ from typing import Any
 
 from gpu_triage.findings import Finding, Signal, Stance, context, hang, progress
 from gpu_triage.snapshot import JobStatus, RankStatus
+from gpu_triage.stack_evidence import (
+    StackEvidenceConfig,
+    StackFacts,
+    asleep_long_enough,
+    stack_facts,
+    stack_findings,
+    where,
+)
+from gpu_triage.stacks import StackSummary
 from gpu_triage.states import GpuState, Verdict
 from gpu_triage.step_timing import FirstStep, StepTiming, TimingConfig
 
@@ -93,6 +102,21 @@ class DetectorConfig:
     """How fast the learned step interval comes down (it goes up at once)."""
     cpu_contention_ratio: float = 0.9
     """A starving rank using this share of a core is CPU-bound (cause cpu_contention)."""
+    stacks_frozen_s: float = 30.0
+    """Stack evidence ([stacks] in the config file): a rank's stack unchanged this long is frozen."""
+    stacks_min_samples: int = 4
+    stacks_fresh_s: float = 30.0
+    stacks_checkpoint_max_s: float = 1800.0
+    stacks_asleep_cpu_ratio: float = 0.3
+
+    def stacks(self) -> StackEvidenceConfig:
+        return StackEvidenceConfig(
+            frozen_s=self.stacks_frozen_s,
+            min_samples=self.stacks_min_samples,
+            fresh_s=self.stacks_fresh_s,
+            checkpoint_max_s=self.stacks_checkpoint_max_s,
+            asleep_cpu_ratio=self.stacks_asleep_cpu_ratio,
+        )
 
     def timing(self) -> TimingConfig:
         return TimingConfig(
@@ -165,6 +189,8 @@ class JobView:
     """``job``: the trainer announces collective phases on every rank, waiting ones included."""
     untrusted: tuple[dict[str, Any], ...] = ()
     """Progress files naming this job that were not believed (path, pid, reason)."""
+    stacks: StackSummary | None = None
+    """The ranks' latest Python stacks (the stack sampler), None when none was taken."""
 
 
 @dataclass
@@ -190,6 +216,8 @@ class _JobMemory:
     asymmetric_since: float | None = None
     working_since: float | None = None
     excused_at: float | None = None
+    asleep_since: float | None = None
+    """Since when every rank's host CPU has been idle (stack evidence)."""
     """The last time a rank was stopped or in D-state: frozen time restarts from there (a suspended
     or storage-stalled job that resumes owes no step for the time it could not run)."""
 
@@ -230,6 +258,7 @@ class _Facts:
     interval_s: float
     unseen: int
     nvlink_frozen: float | None
+    stacks: StackFacts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +275,8 @@ class Detector:
     def __init__(self, config: DetectorConfig = DetectorConfig()) -> None:
         self.config = config
         self._jobs: dict[str, _JobMemory] = {}
+        self.job_errors: dict[str, str] = {}
+        """Job -> the error that kept the detector from judging it in the last :meth:`update`."""
         self._gpu_unknown_since: dict[int, float] = {}
 
     def forget(self, job: str) -> None:
@@ -266,10 +297,49 @@ class Detector:
         # such inferred GPUs are context, never hang evidence. Otherwise it is reported unmapped.
         claimed = any(r.gpu is not None for j in jobs for r in j.ranks)
         inferred = tuple(gpus) if len(jobs) == 1 and not claimed else ()
-        out = [self._job(now, job, by_gpu, telemetry_ok, inferred) for job in jobs]
+        out = []
+        self.job_errors = {}
+        for job in jobs:
+            try:
+                out.append(self._job(now, job, by_gpu, telemetry_ok, inferred))
+            except Exception as e:  # one job's failure stays in that job (reported, never a kill)
+                out.append(self._failed_job(now, job, e))
         for gone in set(self._jobs) - {j.job for j in jobs}:
             del self._jobs[gone]
         return out
+
+    def _failed_job(self, now: float, job: JobView, error: Exception) -> JobStatus:
+        """The status of a job the detector could not judge this cycle: its last verdict kept (or
+        telemetry_lost: the watchdog cannot see), never kill-worthy, the error in the evidence."""
+        text = f"{type(error).__name__}: {error}"[:300]
+        self.job_errors[job.job] = text
+        mem = self._jobs.get(job.job)
+        if mem is not None and mem.raised is None:
+            mem = None  # first seen this cycle: no verdict of its own to keep
+        verdict = mem.verdict if mem is not None else Verdict.TELEMETRY_LOST
+        ranks = tuple(
+            RankStatus(
+                rank=r.rank,
+                pid=r.pid,
+                gpu=r.gpu,
+                step=r.step,
+                phase=r.phase,
+                lease_until=r.lease_until,
+                alive=r.alive,
+                process_status=r.status,
+            )
+            for r in job.ranks
+        )
+        return JobStatus(
+            job=job.job,
+            ranks=ranks,
+            verdict=verdict,
+            onset=mem.onset if mem is not None else None,
+            raised=mem.raised if mem is not None else now,
+            evidence={"detector_error": text},
+            cause="detector_error",
+            kill_worthy=False,
+        )
 
     # -- one job ------------------------------------------------------------------------------
     def _job(
@@ -401,7 +471,14 @@ class Detector:
             interval_s=mem.timing.interval_s(),
             unseen=unseen,
             nvlink_frozen=self._nvlink_frozen_since(job_gpus, mem),
+            stacks=self._stack_facts(now, job, mem),
         )
+
+    def _stack_facts(self, now: float, job: JobView, mem: _JobMemory) -> StackFacts | None:
+        alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
+        sf = stack_facts(now, job.stacks, alive, job.world_size, self.config.stacks(), mem.asleep_since)
+        mem.asleep_since = sf.asleep_since if sf is not None else None
+        return sf
 
     # -- budgets ---------------------------------------------------------------------------------
     def _fast_budget_s(self, f: _Facts, timing: StepTiming, *, remote: bool) -> float:
@@ -456,6 +533,8 @@ class Detector:
         but a rank reading (loading data) explains them instead."""
         if f.writing:
             return "the job's ranks are writing"
+        if f.stacks is not None and f.stacks.in_save:
+            return "a rank's stack is inside a checkpoint save"
         if f.dstate:
             return "ranks in D-state (storage)"
         if asymmetric:
@@ -522,6 +601,11 @@ class Detector:
                 lease_end = max(r.lease_until or now for r in broken) + cfg.lease_grace_s
                 band = Signal.SPIN_BAND if spun else Signal.ASYMMETRIC
                 return lease_end, [str(Signal.LEASE_EXPIRED), str(band), str(Signal.NO_WRITES)]
+        # K6: every rank's stack frozen in a collective (the odd ones named) + a second signal:
+        # frozen steps, the spin band, or every rank asleep on the host
+        k6 = self._stacks_hung(now, job, mem, f, full_veto, spun)
+        if k6 is not None:
+            return k6
         # K4: power alone, no progress files (kill-worthy only when configured)
         if (
             cfg.power_only_can_kill
@@ -534,9 +618,69 @@ class Detector:
             return f.spin_since, [str(Signal.SPIN_BAND), str(Signal.NO_WRITES), str(Signal.NO_PROGRESS_FILES)]
         return None
 
+    def _stacks_hung(
+        self, now: float, job: JobView, mem: _JobMemory, f: _Facts, veto: str | None, spun: bool
+    ) -> tuple[float, list[str]] | None:
+        sf = f.stacks
+        if sf is None or not sf.provable() or veto is not None or sf.frozen_since is None:
+            return None
+        if any(r.alive is False for r in job.ranks):
+            return None
+        signals = [str(Signal.STACKS_FROZEN)]
+        if sf.pattern.different:
+            signals.append(str(Signal.STACKS_DIVERGED))
+        onset = sf.frozen_since
+        if job.has_progress:
+            if not (f.train and f.frozen_since is not None):
+                return None
+            if f.frozen_s < self._fast_budget_s(f, mem.timing, remote=False):
+                return None
+            signals.append(str(Signal.STEPS_FROZEN))
+            onset = min(onset, f.frozen_since)
+        elif spun:
+            signals.append(str(Signal.SPIN_BAND))
+        elif asleep_long_enough(sf, now, self.config.stacks()):
+            signals.append(str(Signal.RANKS_ASLEEP))
+        else:
+            return None
+        return onset, [*signals, str(Signal.NO_WRITES)]
+
+    def _stacks_not_hung(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision | None:
+        """A rank's stack inside a save: ``checkpoint`` (``stalled_checkpoint`` past the cap); every
+        rank frozen without proof: ``stalled``. Never a kill."""
+        sf = f.stacks
+        if sf is None:
+            return None
+        if sf.in_save and sf.save_since is not None:
+            held = now - sf.save_since
+            if held >= self.config.stacks_checkpoint_max_s:
+                verdict = Verdict.STALLED_CHECKPOINT
+                signals: tuple[str, ...] = (str(Signal.STACK_IN_SAVE), "save_over_cap")
+            else:
+                verdict, signals = Verdict.CHECKPOINT, (str(Signal.STACK_IN_SAVE),)
+            return _Decision(verdict, self._keep_onset(mem, verdict, sf.save_since), None, signals)
+        if sf.frozen and sf.frozen_since is not None and not (job.has_progress and f.train):
+            why = self._why_not(job, f)
+            if not sf.complete:
+                why = "stacks of only some ranks of the world: another node's rank may be saving"
+            elif why is None or not job.has_progress:
+                why = "stacks frozen, but no second signal (steps, spin band, ranks asleep)"
+            cause = "stacks_frozen:" + where(sf)
+            return _Decision(
+                Verdict.STALLED,
+                self._keep_onset(mem, Verdict.STALLED, sf.frozen_since),
+                cause[:300],
+                (str(Signal.STACKS_FROZEN),),
+                why_not=why,
+            )
+        return None
+
     def _not_hung(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision:
         cfg = self.config
         why_not = self._why_not(job, f)
+        by_stack = self._stacks_not_hung(now, job, mem, f)
+        if by_stack is not None and by_stack.verdict in (Verdict.CHECKPOINT, Verdict.STALLED_CHECKPOINT):
+            return by_stack
         live_ckpt = [r for r in f.live if r.phase == "checkpoint"]
         if live_ckpt or (f.writing and f.waiting and len(f.waiting) * 2 >= len(f.job_gpus)):
             signals = ("checkpoint_lease",) if live_ckpt else (str(Signal.WRITES), str(Signal.SPIN_BAND))
@@ -582,6 +726,8 @@ class Detector:
             return _Decision(
                 verdict, self._keep_onset(mem, verdict, onset), cause, tuple(signals), why_not=why_not
             )
+        if by_stack is not None:
+            return by_stack
         if f.lost:
             since = min(self._gpu_unknown_since[g] for g in f.lost)
             return _Decision(
@@ -738,6 +884,7 @@ class Detector:
             out.append(context(Signal.FIRST_STEP, f"first step {f.first}"))
         for u in job.untrusted:
             out.append(context(Signal.UNTRUSTED_PROGRESS_FILE, str(u.get("reason", "")), since=None))
+        out.extend(stack_findings(now, f.stacks, self.config.stacks()))
         return out
 
     def _evidence(
@@ -778,6 +925,9 @@ class Detector:
             evidence["cause"] = d.cause
         if job.untrusted:
             evidence["untrusted_progress_files"] = [dict(u) for u in job.untrusted]
+        if f.stacks is not None:
+            evidence["stacks"] = f.stacks.to_dict()
+            evidence["stacks_where"] = where(f.stacks)
         return evidence
 
     @staticmethod

@@ -48,7 +48,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpu_triage.kv_mirror import KvMirror
+
 log = logging.getLogger(__name__)
+
+MEMORY_MAX_BYTES = 32 << 20
+"""Retention size limit while the store is on memory only (full disk at start)."""
 
 DB_NAME = "events.sqlite3"
 EVENT_KINDS = ("state_change", "verdict", "action", "evidence", "alert", "store", "daemon")
@@ -188,6 +193,8 @@ class EventStore:
         retry_interval_s: float = 5.0,
         hard_limit_bytes: int | None = None,
         check_on_open: bool = True,
+        memory_fallback: bool = False,
+        reattach_interval_s: float = 30.0,
     ) -> None:
         """Open (or create) ``state_dir/events.sqlite3``.
 
@@ -197,6 +204,12 @@ class EventStore:
         Raises OSError if the state directory cannot be created and :class:`StoreError` if the file
         cannot be opened or created for a reason other than corruption (permissions, a full disk at
         start); the caller may run on without a store.
+
+        ``memory_fallback``: instead of raising, run on an in-memory database (said loudly in the log,
+        :attr:`memory_only` True, :attr:`memory_reason` why) that holds events, the kv table and the
+        outbox like the file would - so alerting and the kill budget keep working on a full disk - and
+        move everything to the file when :meth:`maybe_reattach` (called each cycle, acting at most
+        every ``reattach_interval_s``) can open it.
         """
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / DB_NAME
@@ -218,12 +231,27 @@ class EventStore:
         self._lost_since_ok = 0
         self._closed = False
         self._suspect_corrupt = False
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._db = self._open(now_s, check_on_open)
+        self.mirror = KvMirror(self.state_dir)
+        self.memory_only = False
+        self.memory_reason: str | None = None
+        self.reattach_interval_s = reattach_interval_s
+        self._reattach_at_s = 0.0
+        self._disk_max_bytes = max_bytes
+        self._memory_uri = f"file:gpu-watchdog-{os.getpid()}-{id(self):x}?mode=memory&cache=shared"
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._db = self._open(now_s, check_on_open)
+        except (StoreError, OSError) as e:
+            if not memory_fallback:
+                raise
+            self._db = self._open_memory(now_s, str(e))
 
     # ---------------------------------------------------------------------------------------- open
 
     def _connect(self) -> sqlite3.Connection:
+        if self.memory_only:
+            db = sqlite3.connect(self._memory_uri, uri=True, isolation_level=None, check_same_thread=False)
+            return db
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=2.0)
         db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes effect on a new file
         db.execute("PRAGMA journal_mode = WAL")
@@ -262,6 +290,7 @@ class EventStore:
         moved_to = self._move_aside(now_s, suffix)
         db = self._connect()
         self._migrate(db, 0)
+        restored = self._restore_kv(db, now_s)
         self._recovered += 1
         self._generation += 1
         log.error(
@@ -275,11 +304,134 @@ class EventStore:
                     "store",
                     None,
                     None,
-                    _dumps({"event": "moved_aside", "reason": reason, "moved_to": str(moved_to)}),
+                    _dumps(
+                        {
+                            "event": "moved_aside",
+                            "reason": reason,
+                            "moved_to": str(moved_to),
+                            "safety_records_restored": restored,
+                        }
+                    ),
                 )
             ],
         )
         return db
+
+    def _open_memory(self, now_s: float, reason: str) -> sqlite3.Connection:
+        """The full-disk fallback: the same schema in memory, the kv table from the mirror file."""
+        self.memory_only, self.memory_reason = True, reason
+        self.max_bytes = min(self._disk_max_bytes, MEMORY_MAX_BYTES)
+        self._reattach_at_s = now_s + self.reattach_interval_s
+        db = self._connect()
+        self._migrate(db, 0)
+        restored = self._restore_kv(db, now_s)
+        log.error(
+            "EVENT STORE ON MEMORY ONLY: %s. Alerts, silences and the kill budget are kept in memory "
+            "(%d safety record(s) restored from %s) and move to %s once it can be written (retried every "
+            "%.0f s); events are lost if the daemon stops before that.",
+            reason,
+            restored,
+            self.mirror.path,
+            self.path,
+            self.reattach_interval_s,
+        )
+        self._insert(
+            db, [_Pending(now_s, "store", None, None, _dumps({"event": "memory_only", "reason": reason}))]
+        )
+        return db
+
+    def _restore_kv(self, db: sqlite3.Connection, now_s: float) -> int:
+        """Fill an empty kv table from the mirror file (after a corrupt store or on memory only)."""
+        items = self.mirror.read()
+        for key, value in items.items():
+            db.execute(
+                "INSERT OR IGNORE INTO kv (key, value, updated_s) VALUES (?, ?, ?)", (key, value, now_s)
+            )
+        return len(items)
+
+    def _mirror_kv(self) -> None:
+        if self.memory_only and not self.state_dir.is_dir():
+            return
+        try:
+            rows = self._db.execute("SELECT key, value FROM kv").fetchall()
+        except sqlite3.Error as e:
+            log.warning("cannot read the kv table to mirror it: %s", e)
+            return
+        self.mirror.write({k: v for k, v in rows})
+
+    def maybe_reattach(self, now_s: float) -> bool:
+        """On memory only: try to open the file (at most every ``reattach_interval_s``); on success
+        copy events, kv and outbox into it and continue there. True when it reattached."""
+        if not self.memory_only or now_s < self._reattach_at_s:
+            return False
+        self._reattach_at_s = now_s + self.reattach_interval_s
+        with self._lock:
+            self.memory_only = False
+            try:
+                self.state_dir.mkdir(parents=True, exist_ok=True)
+                disk = self._open(now_s, check=True)
+            except (StoreError, OSError, sqlite3.Error) as e:
+                self.memory_only = True
+                log.info("event store still on memory only: %s", e)
+                return False
+            try:
+                moved = self._copy_into(disk)
+            except sqlite3.Error as e:
+                disk.close()
+                self.memory_only = True
+                log.warning("event store still on memory only (copying to %s failed: %s)", self.path, e)
+                return False
+            old, self._db = self._db, disk
+            self.max_bytes = self._disk_max_bytes
+            self._generation += 1
+            reason, self.memory_reason = self.memory_reason, None
+            old.close()
+            self._insert(
+                disk,
+                [
+                    _Pending(
+                        now_s, "store", None, None, _dumps({"event": "reattached", "after": reason, **moved})
+                    )
+                ],
+            )
+            self._mirror_kv()
+        log.warning("event store reattached to %s (moved %s from memory)", self.path, moved)
+        return True
+
+    def _copy_into(self, disk: sqlite3.Connection) -> dict[str, int]:
+        """Copy the memory database's rows into the file's, in one transaction. Outbox rows keep their
+        id when it is free there (a sink worker may hold it), else get a new one."""
+        src = self._db
+        events = src.execute("SELECT time_s, kind, gpu, job, payload FROM events ORDER BY id").fetchall()
+        kv = src.execute("SELECT key, value, updated_s FROM kv").fetchall()
+        outbox = src.execute("SELECT * FROM outbox ORDER BY id").fetchall()
+        columns = [d[0] for d in src.execute("SELECT * FROM outbox LIMIT 0").description]
+        disk.execute("BEGIN IMMEDIATE")
+        try:
+            disk.executemany(
+                "INSERT INTO events (time_s, kind, gpu, job, payload) VALUES (?, ?, ?, ?, ?)", events
+            )
+            disk.executemany(
+                "INSERT INTO kv (key, value, updated_s) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                "value = excluded.value, updated_s = excluded.updated_s",
+                kv,
+            )
+            marks = ", ".join("?" for _ in columns)
+            for row in outbox:
+                taken = disk.execute("SELECT 1 FROM outbox WHERE id = ?", (row[0],)).fetchone()
+                if taken:
+                    disk.execute(
+                        f"INSERT INTO outbox ({', '.join(columns[1:])}) VALUES ({marks[3:]})", row[1:]
+                    )
+                else:
+                    disk.execute(f"INSERT INTO outbox ({', '.join(columns)}) VALUES ({marks})", row)
+            disk.execute("COMMIT")
+        except BaseException:
+            if disk.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    disk.execute("ROLLBACK")
+            raise
+        return {"events": len(events), "kv": len(kv), "outbox": len(outbox)}
 
     def _migrate(self, db: sqlite3.Connection, version: int) -> None:
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
@@ -483,7 +635,8 @@ class EventStore:
             old = getattr(local, "db", None)
             if old is not None:
                 old.close()
-            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=2.0)
+            uri = self._memory_uri if self.memory_only else f"file:{self.path}?mode=ro"
+            db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=2.0)
             local.db, local.generation = db, self._generation
             with self._lock:
                 self._readers.append(db)
@@ -537,12 +690,15 @@ class EventStore:
                 raise StoreError(f"event store write failed: {e}") from e
 
     def kv_set(self, key: str, value: Any, now_s: float) -> None:
-        """Store a JSON-serialisable ``value`` under ``key`` (replacing). Raises StoreError."""
-        self._write(
-            "INSERT INTO kv (key, value, updated_s) VALUES (?, ?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_s = excluded.updated_s",
-            (key, _dumps({"v": value}), now_s),
-        )
+        """Store a JSON-serialisable ``value`` under ``key`` (replacing), and rewrite the kv mirror
+        file (:mod:`gpu_triage.kv_mirror`). Raises StoreError."""
+        with self._lock:
+            self._write(
+                "INSERT INTO kv (key, value, updated_s) VALUES (?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_s = excluded.updated_s",
+                (key, _dumps({"v": value}), now_s),
+            )
+            self._mirror_kv()
 
     def kv_get(self, key: str, default: Any = None) -> Any:
         with self._lock:
@@ -553,7 +709,10 @@ class EventStore:
         return default if row is None else json.loads(row[0])["v"]
 
     def kv_delete(self, key: str) -> bool:
-        return self._write("DELETE FROM kv WHERE key = ?", (key,)).rowcount > 0
+        with self._lock:
+            deleted = self._write("DELETE FROM kv WHERE key = ?", (key,)).rowcount > 0
+            self._mirror_kv()
+        return deleted
 
     # ----------------------------------------------------------------------------------- outbox
 

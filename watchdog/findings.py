@@ -35,6 +35,12 @@ class Signal(StrEnum):
     LEASE_EXPIRED = "lease_expired"
     NVLINK_FROZEN = "nvlink_frozen"
     ASYMMETRIC = "asymmetric"
+    STACKS_FROZEN = "stacks_frozen"
+    """Every rank's Python stack unchanged for ``stacks_frozen_s``, waiting in a collective."""
+    STACKS_DIVERGED = "stacks_diverged"
+    """Frozen ranks wait in different places (other collectives or call sites): the odd ranks named."""
+    RANKS_ASLEEP = "ranks_asleep"
+    """Every rank's host CPU idle while its stack is frozen (a rank blocked in gloo sleeps)."""
     # progress (against a hang)
     STEPS_ADVANCING = "steps_advancing"
     GPUS_WORKING = "gpus_working"
@@ -43,6 +49,9 @@ class Signal(StrEnum):
     RANKS_STOPPED = "ranks_stopped"
     RANKS_IN_D_STATE = "ranks_in_d_state"
     LIVE_LEASE = "live_lease"
+    STACK_IN_SAVE = "stack_in_save"
+    """A rank's stack is inside a checkpoint save (DeepSpeed, HF, torch.save, safetensors, DCP)."""
+    STACK_IN_EVAL = "stack_in_eval"
     # context
     NO_WRITES = "no_writes"
     NO_PROGRESS_FILES = "no_progress_files"
@@ -52,6 +61,8 @@ class Signal(StrEnum):
     UTILIZATION_UNREADABLE = "utilization_unreadable"
     FIRST_STEP = "first_step"
     UNTRUSTED_PROGRESS_FILE = "untrusted_progress_file"
+    NO_STACKS = "no_stacks"
+    """Stack sampling unavailable (py-spy missing, ptrace denied, disabled) or ranks not sampled."""
 
 
 @dataclass(frozen=True, slots=True)

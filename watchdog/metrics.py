@@ -64,6 +64,10 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_rank_step": "gauge",
     "gpu_watchdog_rank_lease_until_timestamp_seconds": "gauge",
     "gpu_watchdog_rank_pod_info": "info",
+    "gpu_watchdog_rank_stack_phase": "gauge",
+    "gpu_watchdog_stack_sampler_available": "gauge",
+    "gpu_watchdog_stack_dumps_total": "counter",
+    "gpu_watchdog_stack_cpu_seconds_total": "counter",
     "gpu_watchdog_actions_total": "counter",
     "gpu_watchdog_sample_duration_seconds": "gauge",
     "gpu_watchdog_last_sample_timestamp_seconds": "gauge",
@@ -72,6 +76,8 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_start_timestamp_seconds": "gauge",
     "gpu_watchdog_cycles_total": "counter",
     "gpu_watchdog_missed_cycles_total": "counter",
+    "gpu_watchdog_failed_cycles_total": "counter",
+    "gpu_watchdog_input_errors": "gauge",
     "gpu_watchdog_armed": "gauge",
     "gpu_watchdog_mode": "gauge",
     "gpu_watchdog_info": "info",
@@ -244,6 +250,42 @@ def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
                 values = {"pod_uid": pod.pod_uid, "namespace": pod.namespace or "", "pod": pod.pod or ""}
                 pod_info.add_metric(rank_labels, {**values, "container": pod.container or ""})
     yield from (verdict, onset, raised, kill_worthy, step, lease, pod_info)
+    yield from _stack_metrics(snapshot)
+
+
+STACK_PHASES = ("collective", "checkpoint", "eval", "data", "forward", "backward", "optimizer", "other")
+
+
+def _stack_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    phase = _gauge(
+        PREFIX + "rank_stack_phase",
+        "Where each rank's latest Python stack is (py-spy; one-hot over the phases).",
+        [JOB_LABEL, "rank", "phase"],
+    )
+    for job in snapshot.jobs:
+        ranks = (job.evidence.get("stacks") or {}).get("ranks") or {}
+        for rank, doc in sorted(ranks.items()):
+            for candidate in STACK_PHASES:
+                phase.add_metric(
+                    [job.job, str(rank), candidate], 1.0 if doc.get("phase") == candidate else 0.0
+                )
+    yield phase
+    st = snapshot.stacks or {}
+    # always exposed, empty before the sampler reports
+    available = _gauge(
+        PREFIX + "stack_sampler_available",
+        "1 when stack sampling works (py-spy found, ptrace allowed), else 0 (state label says why).",
+        ["state"],
+    )
+    dumps = _counter(PREFIX + "stack_dumps_total", "py-spy dumps taken, by result.", ["result"])
+    cpu = _counter(PREFIX + "stack_cpu_seconds_total", "CPU seconds the py-spy dumps used.", [], "seconds")
+    if st:
+        available.add_metric([str(st.get("state"))], 1.0 if st.get("state") == "available" else 0.0)
+        failures = float(st.get("failures_total", 0))
+        dumps.add_metric(["ok"], float(st.get("dumps_total", 0)) - failures)
+        dumps.add_metric(["failed"], failures)
+        cpu.add_metric([], float(st.get("cpu_s_total", 0.0)))
+    yield from (available, dumps, cpu)
 
 
 def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
@@ -301,11 +343,33 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield info
 
 
+INPUT_ERROR_KINDS = ("progress_file", "job", "store", "actions")
+
+
+def _error_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    errors = _gauge(
+        PREFIX + "input_errors",
+        "Things that failed in the last cycle without stopping it (progress files not read, jobs not "
+        "judged, the event store on memory only, the action engine); see input_errors in /status.",
+        ["kind"],
+    )
+    counts = {k: 0 for k in INPUT_ERROR_KINDS}
+    for e in snapshot.input_errors:
+        counts[str(e.get("kind"))] = counts.get(str(e.get("kind")), 0) + 1
+    for kind, n in sorted(counts.items()):
+        errors.add_metric([kind], float(n))
+    yield errors
+    failed = _counter(PREFIX + "failed_cycles_total", "Cycles that raised (nothing published).", [])
+    failed.add_metric([], float(snapshot.counters.get("failed_cycles_total", 0.0)))
+    yield failed
+
+
 def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     """All metric families for one snapshot (pure: the snapshot in, families out)."""
     yield from _gpu_metrics(snapshot.gpus, snapshot.node)
     yield from _job_metrics(snapshot)
     yield from _daemon_metrics(snapshot)
+    yield from _error_metrics(snapshot)
 
 
 class SnapshotCollector(Collector):

@@ -16,7 +16,7 @@ Finding ranks (a *discovery*, at most every ``discovery_interval_s`` unless a ne
    ``deepspeed.launcher.launch`` are ranks even when their environment cannot be read (the local rank
    then comes from ``--local_rank=N`` in the command line).
 
-A job found only through 3 or 4 is named by the environment (``slurm-<id>``, ``master-<addr>:<port>``
+A job found only through 3 or 4 is named by the environment (``slurm-<id>[.<step>]``, ``master-<addr>:<port>``
 ...) or ``launcher-<pid>``; when any of its pids is in a progress file the whole group takes the
 progress file's job name.
 
@@ -41,6 +41,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
+
+from gpu_triage.slurm import job_name as slurm_job_name
 
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.launch")
 LAUNCHER_NAMES = ("torchrun",)
@@ -72,8 +74,9 @@ def job_key(environ: Mapping[str, str]) -> str | None:
     """A name shared by every rank of one job, from the environment; None if nothing identifies it."""
     if environ.get("GPU_WATCHDOG_JOB"):
         return environ["GPU_WATCHDOG_JOB"]
-    if environ.get("SLURM_JOB_ID"):
-        return f"slurm-{environ['SLURM_JOB_ID']}"
+    slurm = slurm_job_name(environ)  # slurm-<job>, or slurm-<job>.<step> inside an srun step
+    if slurm is not None:
+        return slurm
     run_id = environ.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != "none":
         return f"torchelastic-{run_id}"

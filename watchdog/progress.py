@@ -1,7 +1,7 @@
 """The daemon's side of the progress contract: read the trainers' progress files.
 
-Layout and fields: DESIGN "Trainer <-> watchdog" (the writer is ``trainer/progress.py``; this module
-does not import it). ``<dir>/<job>/rank-<rank>.json``.
+Layout, fields, phases and limits come from the contract module, :mod:`gpu_triage.contract` (which
+also holds the writer the trainer and the integrations use). ``<dir>/<job>/rank-<rank>.json``.
 
 Pure parts, usable by the detector and its tests without files:
 
@@ -26,8 +26,10 @@ detector may want to keep its last word.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import re
 import socket
 import stat
 from collections.abc import Callable, Iterable, Mapping
@@ -38,23 +40,17 @@ from typing import Any
 
 import psutil
 
-PHASES = ("init", "train", "eval", "checkpoint", "epoch_end", "done")
-FIELDS = (
-    "job",
-    "rank",
-    "local_rank",
-    "world_size",
-    "pid",
-    "host",
-    "step",
-    "epoch",
-    "tokens",
-    "phase",
-    "lease_until",
-    "time",
-)
-STALE_AFTER_S = 600.0
-MAX_FILE_BYTES = 64 * 1024
+from gpu_triage.contract import FIELDS, LEASE_SCOPES, MAX_FILE_BYTES, PHASES, STALE_AFTER_S
+
+MAX_DEPTH = 4
+"""Nesting of JSON arrays/objects a progress file may have (the contract's record is flat: depth 1)."""
+MAX_RANK = 1_000_000
+"""Largest rank (and world size) accepted; ``rank-<n>.json`` names with more digits are refused."""
+MAX_JOB_DIRS = 1024
+MAX_FILES_PER_JOB = 4096
+"""Entries scanned per progress directory / job directory per cycle; the rest is reported, not read."""
+
+log = logging.getLogger(__name__)
 
 
 class ProgressFormatError(ValueError):
@@ -95,30 +91,68 @@ class ProgressRecord:
     rank (waiting ranks included), ``"rank"`` or absent when only the ranks doing the work do."""
 
 
-LEASE_SCOPES = ("job", "rank")
-
-
 # ------------------------------------------------------------------------------------------ pure
 
 
-def _int(data: Mapping[str, Any], name: str, low: int = 0) -> int:
+_INT_MAX = 2**63 - 1
+
+
+def _int(data: Mapping[str, Any], name: str, low: int = 0, high: int = _INT_MAX) -> int:
     value = data[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ProgressFormatError(f"{name}: expected an integer >= {low}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        bound = f">= {low}" if high == _INT_MAX else f"between {low} and {high}"
+        raise ProgressFormatError(f"{name}: expected an integer {bound}, got {_short(value)}")
     return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _nesting_depth(data: bytes) -> int:
+    """Deepest bracket nesting of JSON text (strings skipped); cheap, and never recursive."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return 0
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_STRING.sub(b'""', data)):
+        if m.group() in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    raise ProgressFormatError(f"not JSON: {name} is not a JSON number")
 
 
 def _time(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ProgressFormatError(f"{name}: expected epoch seconds, got {value!r}")
+        raise ProgressFormatError(f"{name}: expected epoch seconds, got {_short(value)}")
     return float(value)
 
 
 def parse_record(data: bytes | str) -> ProgressRecord:
-    """Validate one progress file's content. Raises :class:`ProgressFormatError`."""
+    """Validate one progress file's content. Raises :class:`ProgressFormatError` - and nothing else,
+    whatever the bytes (bounded: at most :data:`MAX_FILE_BYTES`, nesting at most :data:`MAX_DEPTH`,
+    no NaN/Infinity)."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if len(raw) > MAX_FILE_BYTES:
+        raise ProgressFormatError(f"{len(raw)} bytes, more than {MAX_FILE_BYTES}")
+    depth = _nesting_depth(raw)
+    if depth > MAX_DEPTH:
+        raise ProgressFormatError(f"nested {depth} levels deep, more than {MAX_DEPTH}")
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+        obj = json.loads(raw, parse_constant=_no_constant)
+    except ProgressFormatError:
+        raise
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ProgressFormatError(f"not JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ProgressFormatError("expected a JSON object")
@@ -127,27 +161,29 @@ def parse_record(data: bytes | str) -> ProgressRecord:
         raise ProgressFormatError(f"missing field(s): {', '.join(missing)}")
     job, host, phase = obj["job"], obj["host"], obj["phase"]
     if not isinstance(job, str) or not job:
-        raise ProgressFormatError(f"job: expected a non-empty string, got {job!r}")
+        raise ProgressFormatError(f"job: expected a non-empty string, got {_short(job)}")
     if not isinstance(host, str):
-        raise ProgressFormatError(f"host: expected a string, got {host!r}")
-    if phase not in PHASES:
-        raise ProgressFormatError(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
-    rank, world_size = _int(obj, "rank"), _int(obj, "world_size", 1)
+        raise ProgressFormatError(f"host: expected a string, got {_short(host)}")
+    if not isinstance(phase, str) or phase not in PHASES:
+        raise ProgressFormatError(f"phase: expected one of {', '.join(PHASES)}, got {_short(phase)}")
+    rank, world_size = _int(obj, "rank", 0, MAX_RANK), _int(obj, "world_size", 1, MAX_RANK + 1)
     if rank >= world_size:
         raise ProgressFormatError(f"rank: expected below world_size {world_size}, got {rank}")
     lease = obj["lease_until"]
     lease_until = None if lease is None else _time(lease, "lease_until")
     scope = obj.get("lease_scope")
-    if scope is not None and scope not in LEASE_SCOPES:
-        raise ProgressFormatError(f"lease_scope: expected one of {', '.join(LEASE_SCOPES)}, got {scope!r}")
+    if scope is not None and (not isinstance(scope, str) or scope not in LEASE_SCOPES):
+        raise ProgressFormatError(
+            f"lease_scope: expected one of {', '.join(LEASE_SCOPES)}, got {_short(scope)}"
+        )
     if phase != "train" and lease_until is None:
         raise ProgressFormatError(f"lease_until: the {phase} phase needs a lease, got null")
     return ProgressRecord(
         job=job,
         rank=rank,
-        local_rank=_int(obj, "local_rank"),
+        local_rank=_int(obj, "local_rank", 0, MAX_RANK),
         world_size=world_size,
-        pid=_int(obj, "pid", 1),
+        pid=_int(obj, "pid", 1, 2**31 - 1),
         host=host,
         step=_int(obj, "step"),
         epoch=_int(obj, "epoch"),
@@ -352,11 +388,20 @@ class _Cached:
     dir_uid: int | None = None
 
 
-def _rank_of(name: str) -> int | None:
+def _rank_of(name: str) -> int | str | None:
+    """The rank a ``rank-<n>.json`` name is for; None for other names (writers' temp files); a string
+    (why) for a name that looks like a rank file but is not the canonical one: ``rank-00.json`` would
+    alias rank 0, ``rank-٣.json`` is not ASCII, more than 7 digits is no rank."""
     if not (name.startswith("rank-") and name.endswith(".json")):
         return None
     digits = name[len("rank-") : -len(".json")]
-    return int(digits) if digits.isdigit() else None
+    if not digits or not (digits.isascii() and digits.isdigit()):
+        return None if not digits.isdigit() else "not an ASCII rank number"
+    if len(digits) > 7 or int(digits) > MAX_RANK:
+        return f"rank above {MAX_RANK}"
+    if digits != str(int(digits)):
+        return f"not the canonical name rank-{int(digits)}.json (a leading zero would alias that rank)"
+    return int(digits)
 
 
 class ProgressReader:
@@ -380,6 +425,7 @@ class ProgressReader:
         self.tracker = StepTracker()
         self.reads_total = 0
         """Files actually opened and parsed (not served from the cache)."""
+        self._logged: set[tuple[str, str]] = set()
 
     def read(self, now_s: float) -> ProgressView:
         errors: list[FileError] = []
@@ -393,10 +439,28 @@ class ProgressReader:
         except OSError as e:
             return ProgressView(now_s, {}, (FileError(self.directory, str(e)),))
 
+        if len(job_dirs) > MAX_JOB_DIRS:
+            errors.append(
+                FileError(
+                    self.directory, f"{len(job_dirs)} job directories, only the first {MAX_JOB_DIRS} read"
+                )
+            )
+            job_dirs = sorted(job_dirs, key=lambda e: e.name)[:MAX_JOB_DIRS]
         for job_dir in job_dirs:
             try:
                 dir_uid = job_dir.stat(follow_symlinks=False).st_uid
-                entries = list(os.scandir(job_dir.path))
+                entries = []
+                with os.scandir(job_dir.path) as it:
+                    for entry in it:
+                        if len(entries) >= MAX_FILES_PER_JOB:
+                            errors.append(
+                                FileError(
+                                    Path(job_dir.path),
+                                    f"more than {MAX_FILES_PER_JOB} entries, the rest not read",
+                                )
+                            )
+                            break
+                        entries.append(entry)
             except OSError as e:
                 errors.append(FileError(Path(job_dir.path), str(e)))
                 continue
@@ -405,7 +469,13 @@ class ProgressReader:
                 if rank is None:
                     continue  # temp files of writers, anything else
                 path = Path(entry.path)
-                cached = self._load(path, entry, job_dir.name, rank)
+                if isinstance(rank, str):
+                    errors.append(FileError(path, rank))
+                    continue
+                try:
+                    cached = self._load(path, entry, job_dir.name, rank)
+                except Exception as e:  # one file never blinds the others (bug or hostile bytes)
+                    cached = _Cached((0, 0, 0), None, f"unreadable: {type(e).__name__}: {e}"[:300])
                 cached.dir_uid = dir_uid
                 seen[path] = cached
 
@@ -448,12 +518,21 @@ class ProgressReader:
             live, stale = jobs.setdefault(record.job, ({}, {}))
             (stale if reason else live)[record.rank] = view
         self.tracker.forget(keep)
+        self._log_errors(errors)
         return ProgressView(
             now_s,
             {job: JobProgress(job, live, stale) for job, (live, stale) in sorted(jobs.items())},
             tuple(errors),
             untrusted=tuple(untrusted),
         )
+
+    def _log_errors(self, errors: list[FileError]) -> None:
+        """A warning once per (file, error) while it lasts: a bad file is logged when it turns bad (or
+        changes its error), not every cycle; a fixed file may be logged again if it breaks again."""
+        current = {(str(e.path), e.error) for e in errors}
+        for path, error in sorted(current - self._logged):
+            log.warning("progress file %s ignored: %s", path, error)
+        self._logged = current
 
     def _load(self, path: Path, entry: os.DirEntry[str], job: str, rank: int) -> _Cached:
         try:

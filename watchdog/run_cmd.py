@@ -63,7 +63,13 @@ def run_daemon(args: argparse.Namespace) -> int:
             last_print[0] = snap.time
             print(summary_line(snap), flush=True)
 
-    daemon = Daemon(config, source, config_path=path, on_cycle=print_summary if args.summary else None)
+    daemon = Daemon(
+        config,
+        source,
+        config_path=path,
+        on_cycle=print_summary if args.summary else None,
+        overrides=flags,
+    )
     try:
         daemon.start()
     except PortInUseError as e:

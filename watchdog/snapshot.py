@@ -94,3 +94,12 @@ class Snapshot:
     version: str = ""
     untrusted_progress_files: tuple[dict[str, Any], ...] = ()
     """Progress files not believed this cycle: never a verdict input, never a kill target."""
+    input_errors: tuple[dict[str, Any], ...] = ()
+    """What failed this cycle without stopping it, each ``{"kind", "where", "error"}``: kind
+    ``progress_file`` (a file not read; ``where`` its path), ``job`` (a job the detector could not
+    judge), ``store`` (the event store on memory only), ``actions`` (the action engine raised)."""
+    failed_cycles: int = 0
+    """Consecutive cycles that raised before publishing (this snapshot is the last good one)."""
+    stacks: dict[str, Any] = field(default_factory=dict)
+    """The stack sampler's status: state (available, py_spy_missing, ptrace_denied, disabled), its
+    CPU spend over the last minute against its budget, dump counters."""

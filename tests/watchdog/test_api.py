@@ -254,6 +254,7 @@ def test_healthz_turns_stale_and_recovers_as_the_clock_moves() -> None:
         "last_cycle_age_s": 0.4,
         "max_age_s": 5.0,
         "cycle": 42,
+        "failed_cycles": 0,
     }
     clock.now = T0 + 7.25
     response = test_client.get("/healthz")

@@ -290,6 +290,8 @@ def test_daemon_config_mirrors_the_detector_config():
 
     ours = {f.name: f.default for f in dataclasses.fields(DetectorConfig)}
     theirs = {f.name: f.default for f in dataclasses.fields(config.DetectorConfig)}
+    # the stack thresholds come from [stacks] (config.StacksConfig.detector_settings)
+    theirs.update(config.StacksConfig().detector_settings())
     assert ours == theirs
 
 

@@ -188,6 +188,8 @@ class Trainer:
                 self.ranks.local_rank,
                 self.world,
                 directory=settings.progress.dir or progress_dir(self.env),
+                # every rank announces every collective phase (epoch end, saves), the waiting ranks too
+                lease_scope="job",
             )
         history = (
             self.metrics_dir / "progress" / f"rank-{self.rank}.jsonl" if settings.progress.history else None

@@ -60,7 +60,76 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # the 3xx is then an HTTPError: retried, never followed
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+class _AttemptDeadline:
+    """Bounds one POST as a whole: when ``timeout_s`` has passed since it began, its sockets are shut
+    down (``timeout=`` alone bounds each socket operation, so a receiver dripping a header line every
+    1.5 s held a worker for ~45 s with ``timeout_s = 2``)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.fired = False
+        self._conns: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(timeout_s, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _AttemptDeadline:
+        _ATTEMPT.deadline = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        _ATTEMPT.deadline = None
+
+    def track(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._conns.append(conn)
+            if self.fired:
+                _shutdown(conn)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for conn in self._conns:
+                _shutdown(conn)
+
+
+def _shutdown(conn: http.client.HTTPConnection) -> None:
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+_ATTEMPT = threading.local()
+
+
+def _tracked(base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
+    class Tracked(base):  # type: ignore[valid-type, misc]
+        def connect(self) -> None:
+            super().connect()
+            deadline = getattr(_ATTEMPT, "deadline", None)
+            if deadline is not None:
+                deadline.track(self)
+
+    return Tracked
+
+
+_HTTPConnection = _tracked(http.client.HTTPConnection)
+_HTTPSConnection = _tracked(http.client.HTTPSConnection)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(_HTTPSConnection, req, context=self._context)  # type: ignore[attr-defined]
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect, _HTTPHandler, _HTTPSHandler)
 
 
 def backoff_s(attempts: int, initial_s: float, max_s: float, rng: random.Random) -> float:
@@ -82,7 +151,16 @@ class PostResult:
 
 
 def post_json(url: str, body: Any, *, timeout_s: float) -> PostResult:
-    """POST ``body`` as JSON; never raises. ``error`` never contains ``url`` (it may be a secret)."""
+    """POST ``body`` as JSON; never raises. ``error`` never contains ``url`` (it may be a secret).
+    The whole attempt - connect, send, headers, body - ends within about ``timeout_s``."""
+    with _AttemptDeadline(timeout_s) as deadline:
+        result = _post_json(url, body, timeout_s=timeout_s)
+    if deadline.fired:  # even a "response": the sockets were shut mid-way, it may be cut short
+        return PostResult(False, None, False, "timed out", result.duration_s)
+    return result
+
+
+def _post_json(url: str, body: Any, *, timeout_s: float) -> PostResult:
     data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
     request = urllib.request.Request(
         url,

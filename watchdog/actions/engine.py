@@ -8,8 +8,10 @@ engine first saw the verdict; the SIGTERM delay from when it first saw ``deadloc
 2. **alert** after ``alert_after_s`` (modes ``alert`` and ``kill``; silences suppress it);
 3. ``deadlock_confirmed``: **SIGTERM** the job's processes ``sigterm_after_s`` after confirmation (mode
    ``kill`` only; not while the capture is still running, within its time budget; at most
-   ``max_kills_per_hour`` over a rolling hour, persisted) - or run ``kill_hook`` instead;
-4. **SIGKILL** what is still alive ``sigkill_grace_s`` later (still mode ``kill``).
+   ``max_kills_per_hour`` over a rolling hour, persisted) - or run ``kill_hook`` instead, or, for a
+   Slurm job that checks out (``kill_via``), ``scancel`` it (:mod:`gpu_triage.actions.slurm_cancel`);
+4. **SIGKILL** what is still alive ``sigkill_grace_s`` later (still mode ``kill``; through Slurm when
+   the SIGTERM rung went through Slurm).
 
 ``stalled`` captures evidence and alerts; ``slow``, ``suspended``, ``stalled_checkpoint``,
 ``data_starvation`` and ``telemetry_lost`` alert (rung 2). None of them ever kills: SIGTERM needs
@@ -84,10 +86,12 @@ from gpu_triage.actions.kill import (
     render_hook,
     slurm_job_id,
 )
+from gpu_triage.actions.slurm_cancel import SlurmCanceller, cancel_id
 from gpu_triage.config import ActionsConfig, AlertsConfig
 from gpu_triage.control import SilenceBook
 from gpu_triage.eventstore import EventStore, StoreError
 from gpu_triage.processes import RankProcess
+from gpu_triage.slurm import SlurmRefusal, SlurmTarget
 from gpu_triage.snapshot import GpuStatus, JobStatus
 from gpu_triage.states import Mode, Verdict
 
@@ -196,6 +200,12 @@ class _Kill:
     plan: KillPlan | None = None
     term_time: float | None = None
     alert_key: str | None = None
+    counted_at: float | None = None
+    """Its entry in the kills-per-hour budget (returned when nothing was sent after all)."""
+    slurm_refused: str | None = None
+    """Why the ranks' claimed Slurm job was not cancelled through Slurm (kill_via "auto" signals)."""
+    slurm: SlurmTarget | None = None
+    """The Slurm job the SIGTERM rung cancelled (the SIGKILL rung then goes through Slurm too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -681,6 +691,8 @@ class ActionEngine:
         if mode is not Mode.KILL:
             return f"no kill: mode {mode} (arm kill mode to let the watchdog stop the job)"
         how = "run the kill hook" if a.kill_hook else "SIGTERM the job's processes"
+        if not a.kill_hook and a.kill_via == "slurm":
+            how = "scancel the job through Slurm"
         if a.dry_run:
             how += " (dry run: record only)"
         if ep.confirmed_seen is not None:
@@ -828,22 +840,90 @@ class ActionEngine:
             self._kv_set(KV_KILLS, self._kill_times, now)
         ep.kill_started = True
         k = _Kill(job.job, bool(a.kill_hook), a.dry_run, "term_running", alert_key=ep.alert_key)
+        k.counted_at = None if a.dry_run else now
         self._kills[job.job] = k
         values = {"job": job.job, "node": self.node, "pids": ",".join(map(str, pids))}
-        self._kill_worker.submit(lambda: self._run_term(k, pids, values))
+        ranks = [(p.pid, p.proof, p.uid) for p in procs if p.alive and p.proof]
+        self._kill_worker.submit(lambda: self._run_term(k, pids, values, ranks))
         records.append(self._make(now, action, "started", job=job.job, pids=pids, dry_run=a.dry_run))
 
-    def _run_term(self, k: _Kill, pids: list[int], values: dict[str, str]) -> None:
+    def _run_term(
+        self,
+        k: _Kill,
+        pids: list[int],
+        values: dict[str, str],
+        ranks: Sequence[tuple[int, Sequence[str], int | None]] = (),
+    ) -> None:
         try:
             plan = self.executor.plan(pids)
-            if not k.hook:
-                outcome: Any = self.executor.send(plan, signal.SIGTERM, dry_run=k.dry_run, now=self.clock())
+            slurm = None if k.hook or self.actions.kill_via == "signal" else self._slurm_term(k, plan, ranks)
+            if slurm is not None:
+                outcome: Any = slurm
+            elif not k.hook:
+                outcome = self.executor.send(plan, signal.SIGTERM, dry_run=k.dry_run, now=self.clock())
+                if k.slurm_refused is not None:
+                    outcome = dataclasses.replace(outcome, extra={"slurm_refused": k.slurm_refused})
             else:
                 outcome = (plan, self._run_hook(plan, pids, values, k.dry_run))
         except Exception as e:
             log.exception("kill of %s failed", k.job)
             outcome = e
         self._done.put(_Done("term", k.job, outcome))
+
+    def _canceller(self) -> SlurmCanceller:
+        a = self.actions
+        return SlurmCanceller(
+            self.runner, bin_dir=a.slurm_bin_dir, cancel=a.slurm_cancel, timeout_s=a.capture_timeout_s
+        )
+
+    def _slurm_term(
+        self, k: _Kill, plan: KillPlan, ranks: Sequence[tuple[int, Sequence[str], int | None]]
+    ) -> KillOutcome | None:
+        """The SIGTERM rung through Slurm (``scancel``), or None to signal (``kill_via = "auto"`` and the
+        ranks' Slurm job did not check out, or scancel failed). With ``kill_via = "slurm"`` a refusal or a
+        failed scancel sends nothing (``sigterm/refused``, ``sigterm/error``)."""
+        canceller = self._canceller()
+        target = canceller.resolve(ranks)
+        if isinstance(target, SlurmRefusal):
+            if self.actions.kill_via == "slurm":
+                empty = KillPlan((), (), {})
+                extra = {"via": "slurm", "refused": target.reason}
+                return KillOutcome("SIGTERM", empty, k.dry_run, (), (), self.clock(), extra=extra)
+            if target.slurm_claimed:
+                k.slurm_refused = target.reason
+            return None
+        cmd = canceller.terminate(target, dry_run=k.dry_run)
+        if not cmd.ok and not k.dry_run:
+            why = cmd.result.error or cmd.result.stderr.strip()[:500] if cmd.result else "not run"
+            if self.actions.kill_via == "auto":  # e.g. the daemon's user is no Slurm operator
+                k.slurm_refused = f"scancel failed: {why}"
+                return None
+            extra = {**cmd.to_dict(), "failed": f"scancel failed: {why}"}
+            return KillOutcome("SIGTERM", KillPlan((), (), {}), k.dry_run, (), (), self.clock(), extra=extra)
+        k.slurm = target  # the SIGKILL rung goes through Slurm too
+        sent = (f"slurm:{cancel_id(target, canceller.cancel)}",) if cmd.ok else ()
+        return KillOutcome("SIGTERM", plan, k.dry_run, sent, (), self.clock(), extra=cmd.to_dict())
+
+    def _slurm_kill(self, k: _Kill) -> KillOutcome:
+        """The SIGKILL rung through Slurm: ``scancel --signal=KILL`` only if a process of the SIGTERM
+        plan is still alive."""
+        assert k.plan is not None and k.slurm is not None
+        survivors = self.executor.survivors(k.plan)
+        if not survivors:
+            return KillOutcome("SIGKILL", KillPlan((), (), {}), k.dry_run, (), (), self.clock())
+        canceller = self._canceller()
+        cmd = canceller.kill(k.slurm, dry_run=k.dry_run)
+        extra = {**cmd.to_dict(), "survivors": survivors}
+        if cmd.ok or k.dry_run:
+            sent = (f"slurm:{cancel_id(k.slurm, canceller.cancel)}",) if cmd.ok else ()
+            return KillOutcome("SIGKILL", k.plan, k.dry_run, sent, (), self.clock(), extra=extra)
+        # Slurm refuses to signal a job it is already cancelling (COMPLETING until its KillWait runs
+        # out): the survivors of the SIGTERM plan get SIGKILL directly, under the signal ladder's rules.
+        why = cmd.result.error or cmd.result.stderr.strip()[:500] if cmd.result else "not run"
+        direct = self.executor.escalate(k.plan, dry_run=k.dry_run, now=self.clock())
+        return dataclasses.replace(
+            direct, errors=(*direct.errors, f"scancel: {why}"), extra={**extra, "fallback": "signal"}
+        )
 
     def _run_hook(
         self, plan: KillPlan, pids: list[int], values: dict[str, str], dry_run: bool
@@ -877,6 +957,8 @@ class ActionEngine:
             assert k.plan is not None
             if k.hook:
                 outcome: Any = ("survivors", self.executor.survivors(k.plan))
+            elif k.slurm is not None:
+                outcome = self._slurm_kill(k)
             else:
                 outcome = self.executor.escalate(k.plan, dry_run=k.dry_run, now=self.clock())
         except Exception as e:
@@ -995,7 +1077,13 @@ class ActionEngine:
         else:
             outcome: KillOutcome = value
             k.plan, k.term_time = outcome.plan, outcome.time
-            if outcome.plan.empty:
+            if outcome.extra.get("refused") or outcome.extra.get("failed"):
+                k.stage = "done"  # kill_via "slurm": nothing was sent, nothing else will be
+                result = "refused" if outcome.extra.get("refused") else "error"
+                if k.counted_at in self._kill_times:  # nothing was sent: no kill to count
+                    self._kill_times.remove(k.counted_at)
+                    self._kv_set(KV_KILLS, self._kill_times, now)
+            elif outcome.plan.empty:
                 k.stage = "done"
                 result = "no_targets"
             else:

@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from gpu_triage.limits import MAX_GPUS, MAX_LINE_BYTES
 from gpu_triage.recordings import gpu_count
 from gpu_triage.recordings.timestamps import parse_timestamps
 
@@ -116,6 +117,11 @@ DEFAULT_CHUNK_BYTES = 8 << 20
 PROBE_BYTES = 1 << 20
 #: A header line longer than this is not one (the check reads no further).
 _MAX_HEADER_BYTES = 1 << 20
+EARLIEST_TIME_S = 946684800.0
+"""2000-01-01 UTC: an earlier timestamp is a clock that was never set (a 1970 row would otherwise be
+reported as a 487104-hour state)."""
+LATEST_TIME_S = 4102444800.0
+"""2100-01-01 UTC."""
 _HEADER_FIELD = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)\s*(?:\[([^\]]*)\])?")
 
 
@@ -312,8 +318,8 @@ class NvsmiCsvReader:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         interval_s: float = 1.0,
     ) -> None:
-        if gpus is not None and gpus < 1:
-            raise ValueError(f"gpus must be at least 1, not {gpus}")
+        if gpus is not None and not 1 <= gpus <= MAX_GPUS:
+            raise ValueError(f"gpus must be between 1 and {MAX_GPUS}, not {gpus}")
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, not {chunk_bytes}")
         self.path = Path(path)
@@ -456,7 +462,11 @@ class NvsmiCsvReader:
         with self.path.open("rb") as f:
             f.seek(self._data_start)
             while True:
-                if filled == len(buffer):  # one line longer than the buffer: grow it
+                if filled == len(buffer):  # one line longer than the buffer: grow it (bounded)
+                    if filled > MAX_LINE_BYTES:
+                        raise RecordingError(
+                            self.path, line_no, 1, f"line longer than {MAX_LINE_BYTES} bytes (not nvidia-smi)"
+                        )
                     buffer = buffer + bytearray(len(buffer))
                 with memoryview(buffer) as view:
                     got = f.readinto(view[filled:])
@@ -651,6 +661,16 @@ class NvsmiCsvReader:
                 pos + 1,
                 f"timestamp: {_short(trimmed[row].as_py())} is not YYYY/MM/DD HH:MM:SS[.fff]",
             )
+        implausible = (time_s < EARLIEST_TIME_S) | (time_s > LATEST_TIME_S)
+        if implausible.any():
+            row = int(np.argmax(implausible))
+            raise RecordingError(
+                self.path,
+                int(line[row]),
+                pos + 1,
+                f"timestamp: {_short(cells[row].as_py().strip())} is before 2000 or after 2100 "
+                "(a clock that was not set?)",
+            )
         return time_s
 
     def _numbers(
@@ -738,6 +758,15 @@ class NvsmiCsvReader:
         if negative.any():
             row = int(np.argmax(negative))
             raise RecordingError(self.path, int(line[row]), pos + 1, f"index: {values[row]} is negative")
+        too_big = values >= MAX_GPUS
+        if too_big.any():
+            row = int(np.argmax(too_big))
+            raise RecordingError(
+                self.path,
+                int(line[row]),
+                pos + 1,
+                f"index: {values[row]} is not below {MAX_GPUS} (GPUs per node)",
+            )
         return values
 
     # ------------------------------------------------------------------ header facts from the first rows

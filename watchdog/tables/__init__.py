@@ -316,13 +316,25 @@ def _check_coverage(table: PowerTable, where: str) -> None:
 
 
 def load_table_file(path: str | Path) -> PowerTable:
+    """Read and validate a table file: a regular file of at most ``limits.MAX_TABLE_BYTES`` (anything
+    else - ``/dev/zero``, a FIFO, a huge file - is refused before it is read). Raises TableError."""
+    from gpu_triage.limits import MAX_TABLE_BYTES, InputTooLarge, read_regular_file
+
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_regular_file(path, MAX_TABLE_BYTES, "table file").decode("utf-8"))
     except FileNotFoundError:
         raise TableError(f"{path}: no such table file") from None
+    except InputTooLarge as e:
+        raise TableError(str(e)) from None
+    except OSError as e:
+        raise TableError(f"{path}: cannot read the table file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TableError(f"{path}: not UTF-8 text: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise TableError(f"{path}: {e}") from None
+    except RecursionError:
+        raise TableError(f"{path}: nested too deeply") from None
     return parse_table(data, str(path))
 
 

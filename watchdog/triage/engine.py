@@ -9,6 +9,7 @@ classifier dates a change back to the first sample of the run that caused it).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,8 +131,11 @@ def _reader(path: str, gpus: int | None, chunk_bytes: int, columns: tuple[str, .
         return NvsmiCsvReader(path, gpus=gpus, chunk_bytes=chunk_bytes, columns=columns)
     except RecordingError:
         raise
-    except ValueError as e:  # a bad columns= list
-        raise TriageInputError(f"--columns: {e}".replace("columns= must", "must")) from None
+    except ValueError as e:  # a bad columns= list, --gpus out of bounds
+        text = str(e)
+        if text.startswith("columns= "):
+            text = "--columns: " + text.removeprefix("columns= ")
+        raise TriageInputError(text) from None
 
 
 def _median_intervals(
@@ -154,11 +158,20 @@ def _median_intervals(
     return n, med
 
 
+def _check_options(opts: TriageOptions) -> None:
+    """Numbers a caller passes must be finite: a NaN deadline or limit would hide every deadlock."""
+    for name in ("deadlock_after_s", "power_limit_w"):
+        value = getattr(opts, name)
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise TriageInputError(f"{name}: expected a finite number above 0, got {value!r}")
+
+
 def triage_file(
     path: str | Path, opts: TriageOptions = TriageOptions(), progress: Callable[[int], None] | None = None
 ) -> TriageResult:
     """Triage one recording. Raises RecordingError / TriageInputError on bad input."""
     path = str(path)
+    _check_options(opts)
     reader = _reader(path, opts.gpus, opts.chunk_bytes, opts.columns)
     header = reader.header
     table, limit_w = _pick_table(opts, header.gpu_names, header.power_limit_w)

@@ -1,0 +1,96 @@
+"""A plain DeepSpeed ZeRO-3 training script (gloo, CPU, a tiny random MLP), written the way users
+write one - not this project's trainer: no progress files, no phase announcements.
+
+    RANK=.. WORLD_SIZE=2 MASTER_ADDR=.. MASTER_PORT=.. python plain_deepspeed.py MODE OUT_DIR
+
+MODE ``deadlock``: the classic epoch-end deadlock of uneven shards - rank 0 has 2 batches, rank 1
+has 4; rank 0 finishes its epoch and waits in the epoch-end ``barrier`` while rank 1 waits in its
+ZeRO-3 gradient reduce-scatter (its backward). Neither ever returns.
+
+MODE ``slow_save``: both ranks train 2 steps, then ``engine.save_checkpoint``; rank 0's storage is
+slow (its writes are throttled to take ``SLOW_SAVE_S`` seconds, 150 by default) while rank 1 has
+written its shard and waits in the save's final barrier. Then both finish and exit 0.
+
+Each rank writes ``OUT_DIR/ready-<rank>`` once DeepSpeed is initialised and
+``OUT_DIR/epoch-end-<rank>`` at its epoch end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+
+def throttled_save(state_dict: object, path: str, seconds: float) -> None:
+    """Write ``state_dict`` to ``path`` slowly: storage that needs ``seconds`` for it."""
+    buf = io.BytesIO()
+    torch.save(state_dict, buf)
+    data = buf.getvalue()
+    chunks = 50
+    step = max(1, len(data) // chunks + 1)
+    with open(path, "wb") as f:
+        for i in range(0, len(data), step):
+            f.write(data[i : i + step])
+            f.flush()
+            time.sleep(seconds / chunks)
+
+
+def train_steps(engine: deepspeed.DeepSpeedEngine, n: int) -> None:
+    for _ in range(n):
+        x = torch.randn(2, 16)
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+
+
+def main() -> int:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    # DeepSpeed's CPU backend JIT-compiles a shared-memory op only inference all-reduce uses: skip the
+    # C++ build (a user on CPU does the same, or waits for it once)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    (out / f"ready-{rank}").write_text(str(os.getpid()))
+    if mode == "deadlock":
+        batches = 2 if rank == 0 else 4  # uneven shards: nobody equalised the epoch
+        for _epoch in range(2):
+            train_steps(engine, batches)
+            (out / f"epoch-end-{rank}").write_text("")
+            dist.barrier()  # rank 0 waits here; rank 1 is still in its backward's reduce-scatter
+        return 0
+    if mode == "slow_save":
+        train_steps(engine, 2)
+        if rank == 0:
+            seconds = float(os.environ.get("SLOW_SAVE_S", "150"))
+            engine.checkpoint_engine.save = lambda state_dict, path: throttled_save(state_dict, path, seconds)
+        (out / f"epoch-end-{rank}").write_text("")
+        engine.save_checkpoint(str(out / "ckpt"), tag="epoch0")
+        (out / f"saved-{rank}").write_text("")
+        dist.barrier()
+        return 0
+    raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
