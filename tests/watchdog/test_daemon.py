@@ -5,7 +5,6 @@ SIGHUP and SIGTERM), and in-process with a fake NVML whose call hangs (the only 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
