@@ -13,7 +13,7 @@ PORT ?= 9410
 BASE_STAMP := $(VENV)/.stamp-base
 FULL_STAMP := $(VENV)/.stamp-full
 
-.PHONY: install install-base run test test-fast bench lint fmt clean demo triage-demo system-deps
+.PHONY: install install-base run test test-fast bench lint fmt clean demo triage-demo system-deps dist
 
 install: $(FULL_STAMP)
 install-base: $(BASE_STAMP)
@@ -56,6 +56,12 @@ test-fast: $(BASE_STAMP)
 bench: $(FULL_STAMP)
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
+# The wheel and the sdist, as a node installs them (docs/operator-guide.md, "Install on a node").
+dist: $(BASE_STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	@ls -l dist
+
 lint: $(BASE_STAMP)
 	$(VENV)/bin/ruff check watchdog trainer tests benchmarks
 	$(VENV)/bin/ruff format --check watchdog trainer tests benchmarks
@@ -65,4 +71,4 @@ fmt: $(BASE_STAMP)
 	$(VENV)/bin/ruff format watchdog trainer tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(STATE_DIR) out build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(STATE_DIR) out build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -23,6 +23,7 @@ BENCHES = {
     "trainer": "benchmarks.bench_trainer",
     "verdicts": "benchmarks.bench_verdicts",
     "stacks": "benchmarks.bench_stacks",
+    "integrations": "benchmarks.bench_integrations",
 }
 
 

@@ -38,3 +38,16 @@ def test_base_install_pulls_nothing() -> None:
     project = _pyproject()["project"]
     assert project["dependencies"] == []
     assert "py-spy>=0.3.14" in project["optional-dependencies"]["daemon"]
+
+
+def test_both_commands_report_the_distributions_version() -> None:
+    from ft_trainer import __version__ as trainer_version
+    from ft_trainer.cli import build_parser as trainer_parser
+    from gpu_triage import __version__ as watchdog_version
+    from gpu_triage.cli import build_parser as watchdog_parser
+
+    version = _pyproject()["project"]["version"]
+    assert watchdog_version == trainer_version == version
+    for parser, prog in ((watchdog_parser(), "gpu-watchdog"), (trainer_parser(), "ft-trainer")):
+        (action,) = [a for a in parser._actions if "--version" in a.option_strings]
+        assert action.version == f"{prog} {version}"

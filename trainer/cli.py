@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ft_trainer import __version__
 from ft_trainer.train import command as train_command  # light: torch loads only when `train` runs
 
 if TYPE_CHECKING:
@@ -337,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ft-trainer", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action="version", version=f"ft-trainer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, add, run in COMMANDS:
         p = add(sub)

@@ -182,7 +182,7 @@ def _daemon_log_lines(path: Path, job: str) -> dict[str, str]:
     wanted = {
         "verdict": (f"verdict job={job} ", "-> deadlock_suspected"),
         "evidence": (f"evidence job={job} ", ""),
-        "kill": (f"kill job={job} sigterm ", ""),
+        "kill": (f"kill job={job} sigterm ok ", ""),
     }
     found: dict[str, str] = {}
     try:

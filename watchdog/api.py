@@ -119,7 +119,10 @@ def gpu_document(gpu: GpuStatus) -> dict[str, Any]:
 
 
 def rank_document(rank: RankStatus) -> dict[str, Any]:
-    return _fields(rank, RANK_FIELDS)
+    document = _fields(rank, RANK_FIELDS)
+    pod = getattr(rank, "pod", None)
+    document["pod"] = _plain(pod.to_dict()) if pod is not None else None
+    return document
 
 
 def job_document(job: JobStatus) -> dict[str, Any]:
@@ -153,6 +156,14 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class PodDoc(_Doc):
+    pod_uid: str = Field(description="UID of the Kubernetes pod the rank runs in (from its cgroup)")
+    namespace: str | None = Field(description="the pod's namespace, where the node's log directories name it")
+    pod: str | None = Field(description="the pod's name")
+    container: str | None = Field(description="the container's name")
+    container_id: str | None = Field(description="the container's id (64 hex digits)")
+
+
 class RankDoc(_Doc):
     rank: int
     pid: int | None
@@ -162,6 +173,7 @@ class RankDoc(_Doc):
     lease_until: float | None = Field(description="End of the rank's phase lease (epoch seconds)")
     alive: bool | None
     process_status: str | None = Field(description="psutil status ('disk-sleep' is D-state)")
+    pod: PodDoc | None = Field(default=None, description="Kubernetes pod of the rank; null outside one")
 
 
 class GpuDoc(_Doc):

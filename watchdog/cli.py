@@ -28,7 +28,9 @@ Recordings are nvidia-smi CSV logs, e.g. from
   nvidia-smi --query-gpu=timestamp,index,name,power.draw,power.limit,utilization.gpu,memory.used \\
              --format=csv -lms 100 > run.csv
 Without an index column, rows are taken as complete snapshots in board order (pass --gpus if the count
-cannot be inferred). Exit status: 0 clean, 1 a deadlock verdict, 2 bad input.
+cannot be inferred). A recording made with --format=csv,noheader needs its field list:
+  gpu-watchdog triage --columns timestamp,index,power.draw,utilization.gpu run.csv
+Exit status: 0 clean, 1 a deadlock verdict, 2 bad input.
 """
 
 
@@ -46,6 +48,14 @@ def _positive(parse, what: str, upper: float | None = None):
         return v
 
     return check
+
+
+def _field_list(text: str) -> tuple[str, ...]:
+    """``--columns timestamp,index,power.draw`` -> the nvidia-smi field names, in order."""
+    fields = tuple(f.strip() for f in text.split(","))
+    if not fields or any(not f for f in fields):
+        raise argparse.ArgumentTypeError(f"expected comma-separated nvidia-smi field names, got {text!r}")
+    return fields
 
 
 _positive_float = _positive(float, "a number")
@@ -100,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         "that entered the band together with no checkpoint writer beside them (another job's GPUs may "
         f"keep computing). Default {DEFAULT_DEADLOCK_AFTER_S:g} s; any positive duration (raise it where "
         "a save whose writer is on another node takes longer; see docs/triage.md)",
+    )
+    t.add_argument(
+        "--columns",
+        type=_field_list,
+        metavar="FIELDS",
+        help="the --query-gpu field list of a recording without a header line (--format=csv,noheader), "
+        "comma-separated as given to nvidia-smi, e.g. timestamp,index,power.draw,utilization.gpu",
     )
     t.add_argument("--json", action="store_true", help="one JSON object per file (an array for several)")
     t.add_argument(
@@ -200,11 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="one daemon's GPUs and jobs as tables",
         description="Fetch GET /status from a daemon and show its GPUs (state, power, since) and jobs "
-        "(verdict, onset, evidence). Exit status: 0 ok, 1 a deadlock verdict, 2 unreachable.",
+        "(verdict, onset, lagging ranks, evidence), times in local time with their age. "
+        "Exit status: 0 ok, 1 a deadlock verdict, 2 unreachable.",
     )
     st.add_argument("--url", default="http://127.0.0.1:9410", help="daemon URL (default %(default)s)")
     st.add_argument("--json", action="store_true", help="print the daemon's /status document as it came")
     st.add_argument("--timeout", type=_positive_float, default=2.0, metavar="S", help="seconds (default 2)")
+    st.add_argument(
+        "--watch",
+        type=_positive_float,
+        nargs="?",
+        const=2.0,
+        metavar="S",
+        help="redraw in place every S seconds (default 2) until Ctrl-C",
+    )
     st.set_defaults(func=cmd_status)
 
     cl = sub.add_parser(
@@ -252,6 +278,7 @@ def cmd_triage(args: argparse.Namespace) -> int:
         deadlock_after_s=args.deadlock_after,
         table_path=args.table,
         keep_plot_points=bool(args.plot),
+        columns=args.columns,
     )
     code = EXIT_OK
     outputs: list[dict] = []
@@ -363,7 +390,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from gpu_triage.status_cmd import run
 
-    return run(args.url, as_json=args.json, timeout_s=args.timeout)
+    return run(args.url, as_json=args.json, timeout_s=args.timeout, watch_s=args.watch)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

@@ -486,6 +486,16 @@ class EventsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EvidenceConfig:
+    retention_days: float = field(
+        default=30.0, metadata=meta(number(0, 3650, low_open=True), "age limit of evidence bundles")
+    )
+    max_bundles: int = field(
+        default=50, metadata=meta(integer(1, 100000), "most evidence bundles kept (the oldest go first)")
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class AuthConfig:
     token_file: Path | None = field(
         default=None, metadata=meta(optional_path, "bearer token for mutating endpoints")
@@ -564,6 +574,7 @@ class Config:
     stacks: StacksConfig = field(default_factory=StacksConfig)
     ras: RasConfig = field(default_factory=RasConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
+    evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
@@ -579,6 +590,7 @@ SECTIONS: dict[str, type] = {
     "stacks": StacksConfig,
     "ras": RasConfig,
     "events": EventsConfig,
+    "evidence": EvidenceConfig,
     "auth": AuthConfig,
     "actions": ActionsConfig,
     "alerts": AlertsConfig,

@@ -285,13 +285,20 @@ class ProgressWriter:
     def current_phase(self) -> str:
         return str(self._record["phase"])
 
+    @property
+    def min_interval_s(self) -> float:
+        return self._min_interval_s
+
     def _mine(self) -> bool:
         return os.getpid() == self._owner_pid
 
-    def step(self, step: int, *, epoch: int | None = None, tokens: int | None = None) -> bool:
+    def step(
+        self, step: int, *, epoch: int | None = None, tokens: int | None = None, write: bool = True
+    ) -> bool:
         """Report the optimizer step (and epoch, tokens consumed). Written if at least
         ``min_interval_s`` has passed since the last write, else kept for the next one (or for a
-        flusher). Returns whether the file was written."""
+        flusher); ``write=False`` only records it (a phase change about to follow writes it).
+        Returns whether the file was written."""
         if not self._mine():
             return False
         with self._lock:
@@ -301,6 +308,8 @@ class ProgressWriter:
             if tokens is not None:
                 self._record["tokens"] = int(tokens)
             self._dirty = True
+            if not write:
+                return False
             now_s = self._clock()
             if self._last_write_s is not None and now_s - self._last_write_s < self._min_interval_s:
                 return False

@@ -32,6 +32,7 @@ from gpu_triage.detector import DetectorConfig as DetectorSettings
 from gpu_triage.eventstore import EventStore, StoreError
 from gpu_triage.fusion import job_views
 from gpu_triage.gpu_tracker import GpuTracker
+from gpu_triage.pods import PodResolver
 from gpu_triage.processes import ProcessInspector, ProgressClaim
 from gpu_triage.progress import ProgressReader, ProgressView
 from gpu_triage.publish import SnapshotHolder
@@ -102,6 +103,7 @@ class Daemon:
             config.progress.dir, stale_after_s=config.progress.stale_after_s, host=socket.gethostname()
         )
         self.inspector = ProcessInspector()
+        self.pods = PodResolver()  # Kubernetes pod of each rank (gpu_triage.pods); none outside one
         self.store: EventStore | None = None
         self.http = None
         self.notifier = SdNotifier()
@@ -195,6 +197,8 @@ class Daemon:
             state_dir=state_dir,
             node=self.node,
             generator_url=f"http://{self.config.daemon.listen}/status",
+            max_bundles=self.config.evidence.max_bundles,
+            evidence_retention_s=self.config.evidence.retention_days * 86400.0,
         )
 
     def _start_http(self) -> None:
@@ -356,7 +360,7 @@ class Daemon:
         due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
         if due:
             self._last_process_s = now
-            self._jobs = self._detect(now, samples, statuses)
+            self._jobs = self.pods.attribute(self._detect(now, samples, statuses))
         if self.actions is not None and due:
             try:
                 self.actions.on_cycle(

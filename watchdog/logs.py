@@ -59,6 +59,11 @@ KILL_ACTIONS = frozenset({"sigterm", "sigkill", "kill_hook"})
 
 #: The facts of a kill/refusal record worth a place on its line, in this order.
 _ACTION_FIELDS = (
+    "via",
+    "argv",
+    "returncode",
+    "failed",
+    "fallback",
     "signal",
     "pids",
     "signalled",
@@ -90,8 +95,8 @@ class Event:
 # ----------------------------------------------------------------------------------------- format
 
 
-def _scalar(value: Any) -> str:
-    """A field value as one token of the text line: lists joined by commas, no spaces or newlines."""
+def _plain_text(value: Any) -> str:
+    """A value as text on one line, unquoted: lists joined by commas, mappings as ``k:v``."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -99,10 +104,15 @@ def _scalar(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}" if math.isfinite(value) else "-"
     if isinstance(value, (list, tuple, set, frozenset)):
-        return ",".join(_scalar(v) for v in value) or "-"
+        return ",".join(_plain_text(v) for v in value) or "-"
     if isinstance(value, Mapping):
-        return ",".join(f"{k}:{_scalar(v)}" for k, v in value.items()) or "-"
-    text = " ".join(str(value).split())  # one line, whatever came in
+        return ",".join(f"{k}:{_plain_text(v)}" for k, v in value.items()) or "-"
+    return " ".join(str(value).split())  # one line, whatever came in
+
+
+def _scalar(value: Any) -> str:
+    """A field value as one token of the text line: quoted when it holds a space or '='."""
+    text = _plain_text(value)
     return f'"{text}"' if (" " in text or "=" in text) else (text or '""')
 
 

@@ -63,6 +63,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_kill_worthy": "gauge",
     "gpu_watchdog_rank_step": "gauge",
     "gpu_watchdog_rank_lease_until_timestamp_seconds": "gauge",
+    "gpu_watchdog_rank_pod_info": "info",
     "gpu_watchdog_rank_stack_phase": "gauge",
     "gpu_watchdog_stack_sampler_available": "gauge",
     "gpu_watchdog_stack_dumps_total": "counter",
@@ -224,6 +225,11 @@ def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
         [JOB_LABEL, "rank"],
         "seconds",
     )
+    pod_info = InfoMetricFamily(
+        PREFIX + "rank_pod",
+        "The Kubernetes pod and container a rank runs in (from its cgroup; only ranks in a pod).",
+        labels=[JOB_LABEL, "rank"],
+    )
     for job in snapshot.jobs:
         for candidate in VERDICTS:
             verdict.add_metric([job.job, candidate.value], 1.0 if job.verdict == candidate else 0.0)
@@ -239,7 +245,11 @@ def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
             lease_until = _finite(rank.lease_until)
             if lease_until is not None:
                 lease.add_metric(rank_labels, lease_until)
-    yield from (verdict, onset, raised, kill_worthy, step, lease)
+            if rank.pod is not None:
+                pod = rank.pod
+                values = {"pod_uid": pod.pod_uid, "namespace": pod.namespace or "", "pod": pod.pod or ""}
+                pod_info.add_metric(rank_labels, {**values, "container": pod.container or ""})
+    yield from (verdict, onset, raised, kill_worthy, step, lease, pod_info)
     yield from _stack_metrics(snapshot)
 
 

@@ -47,6 +47,8 @@ class RankStatus:
     alive: bool | None
     process_status: str | None
     """psutil status ('running', 'sleeping', 'disk-sleep' = D-state...)."""
+    pod: Any = None
+    """The Kubernetes pod the rank runs in (:class:`gpu_triage.pods.PodRef`), None outside one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
-"""``gpu-watchdog status [--url URL] [--json]``: one daemon's ``/status`` as tables.
+"""``gpu-watchdog status [--url URL] [--json] [--watch [S]]``: one daemon's ``/status`` as tables.
 
 GPUs (state, power against the limit, utilisation, since when) and jobs (verdict, onset, raised,
-steps, the evidence signals behind the verdict). ``--json`` prints the daemon's ``/status`` document
-as it came (the REST contract), or ``{"url", "error"}`` when there is none.
+steps, the ranks that lag, the evidence signals behind the verdict). Times are shown in this
+machine's local time with their age (``2026-12-03 07:12:01 CET (1m10s ago)``). ``--watch`` redraws
+the view in place every few seconds until Ctrl-C. ``--json`` prints the daemon's ``/status``
+document as it came (the REST contract), or ``{"url", "error"}`` when there is none.
 
 Exit codes (contract, as for ``cluster``): 0 ok; 1 a deadlock verdict on some job; 2 the daemon is
 unreachable or answers something that is not a ``/status`` document (the URL is named).
@@ -12,6 +14,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, tzinfo
 from typing import Any, TextIO
 
 import httpx
@@ -25,11 +30,25 @@ from gpu_triage.cluster import (
     duration,
     fetch_status,
     table,
-    utc,
 )
 
 DEFAULT_URL = "http://127.0.0.1:9410"
 MAX_EVIDENCE_CHARS = 100
+LAG_STEPS = 1
+"""A rank more than this many steps behind the job's furthest rank here is named as lagging."""
+MAX_LAGGING_SHOWN = 8
+CLEAR = "\x1b[H\x1b[2J"
+"""Cursor home and clear screen: ``--watch`` redraws in place on a terminal."""
+
+
+def local(epoch: Any, tz: tzinfo | None = None) -> str:
+    """Epoch seconds as local time with its zone (``tz``: another zone, for tests), ``-`` for none."""
+    if epoch is None:
+        return "-"
+    moment = (
+        datetime.fromtimestamp(epoch, tz) if tz is not None else datetime.fromtimestamp(epoch).astimezone()
+    )
+    return moment.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
 
 
 def _watts(value: Any) -> str:
@@ -49,11 +68,30 @@ def _ratio(value: Any) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def _since(epoch: Any, now: Any) -> str:
+def _since(epoch: Any, now: Any, tz: tzinfo | None = None) -> str:
     if epoch is None:
         return "-"
     age = f" ({duration(now - epoch)} ago)" if now is not None else ""
-    return f"{utc(epoch)}{age}"
+    return f"{local(epoch, tz)}{age}"
+
+
+def lagging_ranks(job: dict[str, Any], lag_steps: int = LAG_STEPS) -> list[tuple[int, int, int]]:
+    """``(rank, step, steps behind)`` of each rank more than ``lag_steps`` behind the job's furthest
+    rank on this node, furthest behind first."""
+    steps = {r["rank"]: r["step"] for r in job.get("ranks", []) if r.get("step") is not None}
+    if not steps:
+        return []
+    top = max(steps.values())
+    behind = [(rank, step, top - step) for rank, step in steps.items() if top - step > lag_steps]
+    return sorted(behind, key=lambda x: (-x[2], x[0]))
+
+
+def _lagging(job: dict[str, Any]) -> str:
+    behind = lagging_ranks(job)
+    if not behind:
+        return "-"
+    text = ", ".join(f"{rank} (-{gap})" for rank, _step, gap in behind[:MAX_LAGGING_SHOWN])
+    return text + (f" +{len(behind) - MAX_LAGGING_SHOWN} more" if len(behind) > MAX_LAGGING_SHOWN else "")
 
 
 def _steps(job: dict[str, Any]) -> str:
@@ -69,8 +107,8 @@ def _evidence_value(value: Any) -> str:
     return text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 3] + "..."
 
 
-def render(status: dict[str, Any], url: str) -> str:
-    """The human view of one ``/status`` document."""
+def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str:
+    """The human view of one ``/status`` document (times in local time, or ``tz``)."""
     now = status.get("time")
     mode = status.get("mode") or "-"
     if status.get("armed"):
@@ -78,7 +116,7 @@ def render(status: dict[str, Any], url: str) -> str:
     head = [
         f"{status['node']} ({url}): source {status.get('source', '-')}, mode {mode}, "
         f"cycle {status.get('cycle', '-')}, version {status.get('version') or '-'}",
-        f"cycle at {utc(now)}; last telemetry sample {_since(status.get('last_sample_time'), now)}",
+        f"cycle at {local(now, tz)}; last telemetry sample {_since(status.get('last_sample_time'), now, tz)}",
         "",
     ]
     gpu_rows = [
@@ -88,7 +126,7 @@ def render(status: dict[str, Any], url: str) -> str:
             gpu["state"],
             _power(gpu),
             _ratio(gpu.get("utilization_ratio")),
-            _since(gpu.get("state_since"), now),
+            _since(gpu.get("state_since"), now, tz),
         ]
         for gpu in status["gpus"]
     ]
@@ -105,14 +143,15 @@ def render(status: dict[str, Any], url: str) -> str:
         [
             job["job"],
             job["verdict"] + (f" ({job['cause']})" if job.get("cause") else ""),
-            _since(job.get("onset"), now),
-            _since(job.get("raised"), now),
+            _since(job.get("onset"), now, tz),
+            _since(job.get("raised"), now, tz),
             str(len(job.get("ranks", []))),
             _steps(job),
+            _lagging(job),
         ]
         for job in status["jobs"]
     ]
-    lines.append(table(["JOB", "VERDICT", "ONSET", "RAISED", "RANKS", "STEPS"], job_rows))
+    lines.append(table(["JOB", "VERDICT", "ONSET", "RAISED", "RANKS", "STEPS", "LAGGING"], job_rows))
     for job in status["jobs"]:
         evidence = job.get("evidence") or {}
         if evidence:
@@ -132,10 +171,37 @@ def run(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    watch_s: float | None = None,
+    iterations: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """Fetch one daemon's ``/status``, print it, return the exit code."""
+    """Fetch one daemon's ``/status``, print it, return the exit code. With ``watch_s``, redraw every
+    ``watch_s`` seconds (in place on a terminal) until Ctrl-C (or ``iterations`` views, for tests);
+    the exit code is the last view's."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    if watch_s is None:
+        return _once(url, as_json=as_json, timeout_s=timeout_s, out=out, err=err)
+    code = EXIT_OK
+    shown = 0
+    try:
+        while iterations is None or shown < iterations:
+            if out.isatty():
+                out.write(CLEAR)
+            elif shown:
+                out.write("\n")
+            out.write(f"every {watch_s:g} s, Ctrl-C to stop; at {local(time.time())}\n")
+            code = _once(url, as_json=as_json, timeout_s=timeout_s, out=out, err=err)
+            out.flush()
+            shown += 1
+            if iterations is None or shown < iterations:
+                sleep(watch_s)
+    except KeyboardInterrupt:
+        pass
+    return code
+
+
+def _once(url: str, *, as_json: bool, timeout_s: float, out: TextIO, err: TextIO) -> int:
     with httpx.Client(timeout=httpx.Timeout(timeout_s)) as client:
         fetched = fetch_status(client, url, timeout_s=timeout_s)
     if fetched.status is None:

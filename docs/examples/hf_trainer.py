@@ -12,6 +12,7 @@ The only lines the watchdog needs are the import and ``callbacks=[WatchdogCallba
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -51,21 +52,33 @@ def build(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> T
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--samples", type=int, default=64, help="training samples per epoch (all ranks)")
     ap.add_argument("--save-steps", type=int, default=4)
+    ap.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps (0: never)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     tokenizer = tiny_tokenizer()
     model = GPT2LMHeadModel(
-        GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=1, n_head=2)
+        GPT2Config(
+            vocab_size=len(tokenizer),
+            n_positions=32,
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            bos_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.pad_token_id,
+        )
     )
     ids = tokenizer(TEXT)["input_ids"]
     training = TrainingArguments(
         output_dir=args.out,
         use_cpu=True,
-        ddp_backend="gloo",
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         per_device_train_batch_size=4,
         num_train_epochs=args.epochs,
         save_strategy="steps",
         save_steps=args.save_steps,
+        eval_strategy="steps" if args.eval_steps else "no",
+        eval_steps=args.eval_steps or None,
+        per_device_eval_batch_size=4,
         logging_steps=10_000,
         report_to="none",
         disable_tqdm=True,
@@ -75,6 +88,7 @@ def build(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> T
         model=model,
         args=training,
         train_dataset=Blocks(ids, 16, args.samples),
+        eval_dataset=Blocks(ids, 16, 8) if args.eval_steps else None,
         callbacks=[WatchdogCallback(args.job), *callbacks],  # <- the watchdog integration
     )
 

@@ -1,8 +1,10 @@
 """Run a real 2-rank job (torchrun, gloo, CPU) beside the real daemon (in-process, ``--source none``,
-observe mode) and record what the daemon said about it, cycle by cycle."""
+stack sampling off, observe mode) and record what the daemon said about it, cycle by cycle: the
+verdicts rest on the progress files and the processes alone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from gpu_triage.config import load_config, override
 from gpu_triage.daemon import Daemon
@@ -35,6 +39,7 @@ class Seen:
     phases: dict[int, str]
     steps: dict[int, int | None]
     signals: tuple[str, ...]
+    evidence: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -92,6 +97,8 @@ def run_with_daemon(
             "daemon.process_period_s": 0.2,
             "progress.dir": str(progress),
             "actions.mode": "observe",
+            # what the progress files alone prove: no GPU telemetry (--source none), no stack samples
+            "stacks.enabled": False,
         },
         origin="test",
     )
@@ -132,6 +139,7 @@ def run_with_daemon(
                             {r.rank: r.phase or "" for r in j.ranks},
                             {r.rank: r.step for r in j.ranks},
                             tuple(j.evidence.get("signals", ())),
+                            dict(j.evidence),
                         )
                         timeline.append(seen)
                         if stop_when is not None and stop_when(seen):
@@ -141,9 +149,19 @@ def run_with_daemon(
                     break
                 time.sleep(0.1)
         finally:
+            # torchrun's workers leave its process group: take the whole tree, or a deadlocked
+            # job outlives the test (and later daemons on this machine would see it)
+            try:
+                tree = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                tree = []
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+            for child in tree:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
             proc.wait(30)
+            psutil.wait_procs(tree, timeout=10)
             daemon.stop()
             loop.join(15)
             daemon.close()

@@ -28,12 +28,17 @@ def test_lightning_saves_are_checkpoint_and_an_injected_deadlock_is_caught_withi
             "--job",
             JOB,
             "--samples",
-            "480",
+            "640",
             "--save-steps",
-            "20",
+            "50",
         ),
         JOB,
-        env={"TEST_STEP_S": "0.1", "TEST_SLOW_SAVE_S": "2", "TEST_DEADLOCK": "1"},
+        env={
+            "TEST_STEP_S": "0.1",
+            "TEST_SLOW_SAVE_S": "2",
+            "TEST_DEADLOCK": "1",
+            "TEST_HISTORY_DIR": str(tmp_path),
+        },
         stop_when=lambda s: s.verdict == "deadlock_suspected",
         timeout_s=240,
     )
@@ -44,6 +49,16 @@ def test_lightning_saves_are_checkpoint_and_an_injected_deadlock_is_caught_withi
     assert "checkpoint" in verdicts, (verdicts, run.log)
     assert verdicts.index("checkpoint") < verdicts.index("deadlock_suspected"), verdicts
     assert {"train", "checkpoint", "epoch_end"} <= run.phases_seen()
+    # every rank announced the validation and the save (job scope), in the order they ran
+    for rank in (0, 1):
+        lines = (tmp_path / f"rank-{rank}.jsonl").read_text().splitlines()
+        phases: list[str] = []
+        for r in map(json.loads, lines):
+            if not phases or phases[-1] != r["phase"]:
+                phases.append(r["phase"])
+        # (init was written at setup, before the test's recorder was attached)
+        assert phases[:5] == ["train", "checkpoint", "train", "eval", "train"], phases
+        assert phases[-1] == ("epoch_end" if rank == 1 else "train"), phases
     hung = run.first("deadlock_suspected")
     assert hung is not None, (verdicts, run.log)
     assert hung.kill_worthy and "phase_disagreement" in hung.signals, hung

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -26,6 +27,7 @@ from gpu_triage.actions.alerts import (
     slack_payload,
     webhook_payload,
 )
+from gpu_triage.pods import PodRef
 from gpu_triage.runbook import DEFAULT_RUNBOOK_BASE
 from gpu_triage.snapshot import JobStatus, RankStatus
 from gpu_triage.states import KILL_WORTHY_VERDICTS, GpuState, Verdict
@@ -225,8 +227,6 @@ def test_endpoints() -> None:
 
 
 def test_alert_names_where_each_rank_waits_from_its_stack() -> None:
-    from dataclasses import replace
-
     where = "rank 0: collective barrier @ t.py:80 main; rank 1: collective all_gather @ t.py:52 step"
     job = _deadlock()
     job = replace(job, evidence={**job.evidence, "stacks_where": where})
@@ -237,3 +237,28 @@ def test_alert_names_where_each_rank_waits_from_its_stack() -> None:
     plain = build_alert(_deadlock(), node="node-a", condition=Condition.DEADLOCK, now=T0, first_seen=T0 - 60)
     assert "stacks:" not in plain.description
     assert "stacks" not in alertmanager_payload([plain], now=T0, resend_interval_s=60.0)[0]["annotations"]
+
+
+def test_ranks_in_pods_are_named_in_the_alert() -> None:
+    job = _deadlock()
+    pod = PodRef("3f2a91c4-1b2d-4e5f-8a9b-0c1d2e3f4a5b", "ml-team", "qwen3-ft-worker-0", "trainer", "ab" * 32)
+    unnamed = PodRef("77777777-1b2d-4e5f-8a9b-0c1d2e3f4a5b")
+    ranks = (replace(job.ranks[0], pod=pod), replace(job.ranks[1], pod=unnamed), *job.ranks[2:])
+    alert = build_alert(
+        replace(job, ranks=ranks), node="node-a", condition=Condition.DEADLOCK, now=T0, first_seen=T0
+    )
+    assert alert.ranks[0]["pod"]["pod"] == "qwen3-ft-worker-0"
+    assert "rank 0 pid" in alert.description and "pod ml-team/qwen3-ft-worker-0/trainer" in alert.description
+    assert "pod 77777777-1b2d-4e5f-8a9b-0c1d2e3f4a5b" in alert.description
+    (item,) = alertmanager_payload([alert], now=T0, resend_interval_s=60.0)
+    assert (
+        item["annotations"]["pods"]
+        == "77777777-1b2d-4e5f-8a9b-0c1d2e3f4a5b,ml-team/qwen3-ft-worker-0/trainer"
+    )
+    assert (
+        "pods" not in alertmanager_payload([_alert_of(job)], now=T0, resend_interval_s=60.0)[0]["annotations"]
+    )
+
+
+def _alert_of(job: JobStatus):
+    return build_alert(job, node="node-a", condition=Condition.DEADLOCK, now=T0, first_seen=T0)

@@ -166,6 +166,7 @@ def test_status_has_every_contract_field(client: TestClient) -> None:
         "lease_until": None,
         "alive": True,
         "process_status": "running",
+        "pod": None,
     }
     assert status["jobs"][1]["verdict"] == "healthy"
 

@@ -357,7 +357,7 @@ def test_status_shows_gpus_and_jobs_and_exits_1_on_a_deadlock(capsys: pytest.Cap
         gpu3 = next(line for line in out.splitlines() if line.startswith("3 "))
         assert "checkpoint_or_deadlock" in gpu3 and "231 W / 1100 W (21%)" in gpu3 and "(1m10s ago)" in gpu3
         job = next(line for line in out.splitlines() if line.startswith(JOB))
-        assert "deadlock_suspected" in job and job.rstrip().endswith("8      1197..1200")
+        assert "deadlock_suspected" in job and job.rstrip().endswith("8      1197..1200  11 (-3)")
         assert "    gpus_in_band: [0, 1, 2, 3, 4, 5]" in out
         assert "    step_frozen_s: 42.0" in out
 
@@ -371,6 +371,80 @@ def test_status_shows_gpus_and_jobs_and_exits_1_on_a_deadlock(capsys: pytest.Cap
         code, out, _err = run_cli(capsys, "status", "--url", daemon.url)
         assert code == 0
         assert "healthy" in out
+
+
+def test_status_shows_local_times_with_ages_and_names_the_lagging_ranks() -> None:
+    from datetime import timedelta, timezone
+
+    from gpu_triage.status_cmd import lagging_ranks, render
+
+    now = 1_764_676_800.0  # 2025-12-02 12:00:00 UTC
+    snapshot = node_snapshot(
+        "node-b",
+        first_rank=8,
+        now=now,
+        spin_since=now - 70,
+        verdict=Verdict.DEADLOCK_SUSPECTED,
+        steps={11: 1180, 13: 1199, 9: 1190},
+    )
+    status = status_document(snapshot)
+    cest = timezone(timedelta(hours=2), "CEST")
+    text = render(status, "http://node-b:9410", tz=cest)
+    assert "cycle at 2025-12-02 14:00:00 CEST;" in text
+    job = next(line for line in text.splitlines() if line.startswith(JOB))
+    assert "2025-12-02 13:58:50 CEST (1m10s ago)" in job  # the onset, local, with its age
+    assert job.rstrip().endswith("11 (-20), 9 (-10)")  # 13 is one step behind: in step
+    assert lagging_ranks(status["jobs"][0]) == [(11, 1180, 20), (9, 1190, 10)]
+    assert lagging_ranks({"ranks": [{"rank": 0, "step": None}]}) == []
+
+
+def test_status_watch_redraws_until_interrupted(capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from gpu_triage.status_cmd import run
+
+    daemon = Daemon()
+    now = time.time()
+    daemon.holder.publish(
+        node_snapshot("node-b", first_rank=8, now=now, spin_since=None, verdict=Verdict.HEALTHY)
+    )
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        daemon.holder.publish(
+            node_snapshot(
+                "node-b",
+                first_rank=8,
+                now=time.time(),
+                spin_since=now - 70,
+                verdict=Verdict.DEADLOCK_SUSPECTED,
+            )
+        )
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    with daemon.http:
+        out = Terminal()
+        code = run(daemon.url, out=out, err=io.StringIO(), watch_s=0.5, iterations=2, sleep=sleep)
+        assert code == 1, "the last view's exit code"
+        assert sleeps == [0.5]
+        views = out.getvalue().split("\x1b[H\x1b[2J")
+        assert views[0] == "" and len(views) == 3, "each view starts by clearing the screen"
+        assert "healthy" in views[1] and "deadlock_suspected" in views[2]
+        assert views[1].startswith("every 0.5 s, Ctrl-C to stop; at ")
+
+        def interrupted(_seconds: float) -> None:
+            raise KeyboardInterrupt
+
+        plain = io.StringIO()  # not a terminal: views one after the other, no escape codes
+        assert run(daemon.url, out=plain, err=io.StringIO(), watch_s=1.0, sleep=interrupted) == 1
+        assert "\x1b" not in plain.getvalue() and plain.getvalue().count("every 1 s") == 1
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    assert "--watch [S]" in capsys.readouterr().out
 
 
 def test_status_of_an_unreachable_daemon_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -210,7 +210,10 @@ def test_progress_phases_measure_their_duration_and_return(tmp_path: Path) -> No
     policy = LeasePolicy(factor=2.0, slack_s=10.0, min_s=20.0, first_s={"checkpoint": 300.0})
     p = Progress(writer, policy=policy, flusher=False, monotonic=mono)
     assert read(p.path)["phase"] == "init"
-    p.train()
+    clock.advance(5.0)
+    p.train(2, epoch=0, tokens=200)  # a resume's position goes into the train write itself
+    assert (read(p.path)["phase"], read(p.path)["step"]) == ("train", 2)
+    clock.advance(1.0)
     p.step(3, epoch=0, tokens=300)
     with p.checkpoint():
         data = read(p.path)

@@ -5,7 +5,6 @@ SIGHUP and SIGTERM), and in-process with a fake NVML whose call hangs (the only 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -172,7 +171,8 @@ def test_run_replays_a_recording_reloads_on_sighup_and_stops_on_sigterm(tmp_path
         assert {g["state"] for g in first["gpus"]} == {"compute"}
         # /metrics of the live daemon is clean for promtool
         metrics = httpx.get(f"{base}/metrics", timeout=2).text
-        assert re.search(r'gpu_watchdog_state\{[^}]*gpu="0"', metrics)
+        states = [line for line in metrics.splitlines() if line.startswith("gpu_watchdog_state{")]
+        assert any('gpu="0"' in line and 'Hostname="test-node"' in line for line in states), states[:3]
         promtool = require_binary("promtool", "Debian package prometheus")
         check = subprocess.run([promtool, "check", "metrics"], input=metrics, capture_output=True, text=True)
         assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check

@@ -368,3 +368,20 @@ def test_bundle_names_are_safe_and_pruned(tmp_path: Path) -> None:
         "20251202T120003Z-j3",
         "20251202T120004Z-j4",
     ]
+
+
+def test_bundles_older_than_the_retention_are_pruned(tmp_path: Path) -> None:
+    day = 86400.0
+    for age_days in (40, 31, 29, 1):
+        bundle_path(tmp_path, f"age{age_days}", T0 - age_days * day).mkdir(parents=True)
+    odd = tmp_path / "evidence" / "not-a-stamp"
+    odd.mkdir()
+    os.utime(odd, (T0 - 60 * day, T0 - 60 * day))  # no stamp in the name: its mtime counts
+    removed = prune_bundles(tmp_path, keep=50, max_age_s=30 * day, now=T0)
+    assert sorted(p.name.split("-", 1)[1] for p in removed if p.name[0].isdigit()) == ["age31", "age40"]
+    assert odd in removed
+    assert sorted(p.name.split("-", 1)[1] for p in (tmp_path / "evidence").iterdir()) == ["age1", "age29"]
+    # the count limit and the age limit together
+    assert [p.name.split("-", 1)[1] for p in prune_bundles(tmp_path, keep=1, max_age_s=30 * day, now=T0)] == [
+        "age29"
+    ]

@@ -214,3 +214,20 @@ def test_run_in_observe_mode_logs_the_verdict_as_json(tmp_path: Path) -> None:
     assert found.keys() == {"verdict", "evidence"}, found
     assert found["verdict"]["level"] == "WARNING" and found["verdict"]["signals"]
     assert Path(found["evidence"]["path"]).is_dir()
+
+
+def test_a_kill_through_slurm_says_so_on_its_line(captured) -> None:
+    events, records, _clock = captured
+    assert events.action(
+        {
+            "action": "sigterm",
+            "result": "ok",
+            "job": "slurm-42",
+            "via": "slurm",
+            "argv": ["scancel", "--signal=TERM", "--full", "42"],
+            "returncode": 0,
+        }
+    )
+    assert records[-1].getMessage() == (
+        'kill job=slurm-42 sigterm ok via=slurm argv="scancel,--signal=TERM,--full,42" returncode=0'
+    )

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from gpu_triage.metrics import METRIC_NAMES, _check_unit, make_registry, render
+from gpu_triage.pods import PodRef
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.snapshot import Snapshot
 from gpu_triage.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
@@ -23,7 +24,8 @@ def full_snapshot() -> Snapshot:
     """Every metric family has samples: a deadlocked job with a rank on a lease, an idle second job."""
     snap = snapshot(gpus=4, verdict=Verdict.DEADLOCK_SUSPECTED, jobs=2, mode=Mode.KILL, armed=True)
     job = snap.jobs[0]
-    ranks = (rank_status(0, phase="epoch_end"), *job.ranks[1:])
+    pod = PodRef("3f2a91c4-1b2d-4e5f-8a9b-0c1d2e3f4a5b", "ml-team", "qwen3-ft-worker-0", "trainer", "ab" * 32)
+    ranks = (replace(rank_status(0, phase="epoch_end"), pod=pod), *job.ranks[1:])
     return replace(snap, jobs=(replace(job, ranks=ranks), snap.jobs[1]))
 
 
@@ -148,6 +150,23 @@ def test_verdicts_are_one_hot_per_job_with_onset_and_ranks() -> None:
     leases = by_name["gpu_watchdog_rank_lease_until_timestamp_seconds"]
     assert [(s.labels, s.value) for s in leases] == [
         ({"training_job": "qwen3-32b-ft", "rank": "0"}, T0 + 30.0)
+    ]
+
+
+def test_a_rank_in_a_pod_has_a_pod_info_series() -> None:
+    info = samples(scrape(full_snapshot()))["gpu_watchdog_rank_pod_info"]
+    assert [(s.labels, s.value) for s in info] == [
+        (
+            {
+                "training_job": "qwen3-32b-ft",
+                "rank": "0",
+                "pod_uid": "3f2a91c4-1b2d-4e5f-8a9b-0c1d2e3f4a5b",
+                "namespace": "ml-team",
+                "pod": "qwen3-ft-worker-0",
+                "container": "trainer",
+            },
+            1.0,
+        )
     ]
 
 

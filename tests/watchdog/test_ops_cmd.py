@@ -89,3 +89,27 @@ def test_render_rules_refuses_a_relative_base_and_a_file_without_runbooks(
     other.write_text("groups: []\n")
     assert main(["render-rules", str(other), "--runbook-base", "https://x.example/g"]) == 2
     assert "not a gpu-watchdog rule file" in capsys.readouterr().err
+
+
+def test_every_flag_the_code_tells_a_user_to_pass_exists() -> None:
+    """Error messages, help texts and docstrings that say `gpu-watchdog CMD ... --flag` name real flags."""
+    import re
+
+    from gpu_triage.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    told = set()
+    for path in (REPO / "watchdog").rglob("*.py"):
+        for match in re.finditer(
+            r"gpu-watchdog ([a-z][a-z-]+)((?: [^`\"'\n]*?)?(?: \[?--[a-z][a-z-]+)+)", path.read_text()
+        ):
+            for flag in re.findall(r"--[a-z][a-z-]+", match.group(2)):
+                told.add((match.group(1), flag, path.name))
+    assert ("triage", "--columns", "nvsmi_csv.py") in told
+    missing = [
+        (cmd, flag, where)
+        for cmd, flag, where in sorted(told)
+        if cmd in sub.choices and flag not in sub.choices[cmd]._option_string_actions
+    ]
+    assert missing == []

@@ -324,3 +324,53 @@ def test_calibrate_rejects_labels_that_power_cannot_separate(tmp_path, capsys):
     )
     assert code == 2
     assert f"{labels}:2:3: unknown label 'bogus'" in capsys.readouterr().err
+
+
+def test_report_lists_the_longest_spin_episodes_with_their_clock_times(capsys, hang_recording):
+    from gpu_triage.triage.report import spin_episodes, wall_clock
+
+    result = triage_file(hang_recording, TriageOptions())
+    episodes = spin_episodes(result)
+    assert len(episodes) == 5
+    assert [e["duration_s"] for e in episodes] == sorted((e["duration_s"] for e in episodes), reverse=True)
+    assert episodes[0]["duration_s"] >= 890  # the 15-minute hang
+    assert main(["triage", "--no-progress", str(hang_recording)]) == 1
+    out = capsys.readouterr().out
+    assert "longest spin episodes (checkpoint_or_deadlock, clock time as recorded):" in out
+    first = f"gpu {episodes[0]['gpu']:<3}"
+    assert first in out and wall_clock(result, episodes[0]["start_s"]) in out
+
+
+def test_plot_has_utilisation_under_power_on_the_wall_clock(tmp_path, hang_recording):
+    from gpu_triage.triage.plot import figure, plot
+
+    result = triage_file(hang_recording, TriageOptions(keep_plot_points=True))
+    fig = figure(result)
+    axes = fig.axes
+    assert len(axes) == 2 * result.gpus
+    power, util = axes[0], axes[1]
+    assert power.get_ylabel().startswith("GPU 0") and util.get_ylabel().startswith("util")
+    (line,) = util.get_lines()
+    assert max(line.get_ydata()) > 90  # utilisation in percent: the spin reads ~100 %
+    fig.canvas.draw()
+    ticks = [t.get_text() for t in axes[-1].get_xticklabels() if t.get_text()]
+    assert ticks and all(len(t) == 8 and t.count(":") == 2 for t in ticks), ticks  # HH:MM:SS
+    assert "clock time as recorded (started " in axes[-1].get_xlabel()
+    out = plot(result, tmp_path / "hang.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_headerless_recording_points_at_the_columns_flag(capsys, tmp_path):
+    lines = ["2025/07/27 00:34:45.000, 0, 600.00 W, 100 %", "2025/07/27 00:34:45.100, 1, 610.00 W, 99 %"] * 20
+    path = tmp_path / "noheader.csv"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["triage", "--model", "H100", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "--columns timestamp,index,power.draw,utilization.gpu" in err
+    # ... and that flag exists and reads the file
+    code, doc = run_json(
+        capsys, "--model", "H100", "--columns", "timestamp,index,power.draw,utilization.gpu", str(path)
+    )
+    assert code == 0 and doc["gpus"] == 2
+    assert main(["triage", "--model", "H100", "--columns", "timestamp,72 W", str(path)]) == 2
+    assert "--columns:" in capsys.readouterr().err

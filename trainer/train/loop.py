@@ -7,7 +7,8 @@ micro-batches: one ``engine.backward`` / ``engine.step`` per micro-batch, an opt
 a rank with fewer micro-batches reaches the end-of-epoch collective while another still waits in a
 forward pass - the epoch-end deadlock, reproduced for real.
 
-What the watchdog sees (``trainer/progress.py``): ``init`` with a lease while the model loads, ``train``
+What the watchdog sees (``gpu_triage.contract`` via ``ft_trainer.progress``, ``lease_scope`` "job": every
+rank announces every phase): ``init`` with a lease while the model loads, ``train``
 with the step after every optimizer step, ``epoch_end`` with a lease around the end-of-epoch collectives
 (epoch statistics, equalize of the next epoch), ``checkpoint`` with a lease derived from the measured save
 throughput and the checkpoint size, ``done`` at the end. A missing progress directory never stops

@@ -331,6 +331,7 @@ def build_alert(
             "phase": r.phase,
             "alive": r.alive,
             "process_status": r.process_status,
+            **({"pod": r.pod.to_dict()} if getattr(r, "pod", None) is not None else {}),
         }
         for r in job.ranks
     )
@@ -390,7 +391,21 @@ def _rank_text(r: Mapping[str, Any]) -> str:
         parts.append(f"gpu {r['gpu']}")
     if r.get("step") is not None:
         parts.append(f"step {r['step']}")
+    pod = _pod_text(r)
+    if pod:
+        parts.append(f"pod {pod}")
     return " ".join(parts)
+
+
+def _pod_text(r: Mapping[str, Any]) -> str:
+    """``namespace/pod[/container]`` of a rank in a Kubernetes pod, else its pod UID, else ""."""
+    pod = r.get("pod")
+    if not isinstance(pod, Mapping):
+        return ""
+    if pod.get("pod"):
+        name = f"{pod.get('namespace') or '?'}/{pod['pod']}"
+        return f"{name}/{pod['container']}" if pod.get("container") else name
+    return str(pod.get("pod_uid") or "")
 
 
 def jsonable(value: Any) -> Any:
@@ -445,6 +460,7 @@ def alertmanager_payload(
             "gpu_hours": f"{a.gpu_hours:g}",
             "ranks": ",".join(str(r["rank"]) for r in a.ranks),
             "pids": ",".join(str(r["pid"]) for r in a.ranks if r.get("pid") is not None),
+            "pods": ",".join(sorted({_pod_text(r) for r in a.ranks} - {""})),
             "gpus": _ranges(a.gpus),
             "signals": ",".join(a.signals),
             "evidence": json.dumps(a.evidence, sort_keys=True, separators=(",", ":")),

@@ -243,6 +243,7 @@ class ActionEngine:
         delivery_poll_interval_s: float = 0.5,
         rng: random.Random | None = None,
         max_bundles: int = 50,
+        evidence_retention_s: float | None = None,
         adopt_window_s: float = 300.0,
     ) -> None:
         """``py_spy``/``nvidia_smi``: a path, ``"auto"`` (search PATH and the interpreter's directory)
@@ -260,6 +261,8 @@ class ActionEngine:
         self.py_spy = find_py_spy() if py_spy == AUTO else py_spy
         self.nvidia_smi = find_nvidia_smi() if nvidia_smi == AUTO else nvidia_smi
         self.max_bundles = max_bundles
+        self.evidence_retention_s = evidence_retention_s
+        self.prune_evidence()  # retention holds across restarts, not only when a capture runs
         self.adopt_window_s = adopt_window_s
         self.runner: CommandRunner = runner or SubprocessRunner()
         self.executor = KillExecutor(signaller, own_pid=self.own_pid)
@@ -589,9 +592,21 @@ class ActionEngine:
             )
         )
 
+    def prune_evidence(self) -> list[Path]:
+        """Apply ``evidence.max_bundles`` and ``evidence.retention_days`` to the evidence directory."""
+        doomed = prune_bundles(
+            self.state_dir,
+            max(1, self.max_bundles),
+            max_age_s=self.evidence_retention_s,
+            now=self.clock(),
+        )
+        if doomed:
+            log.info("evidence retention: removed %d old bundle(s)", len(doomed))
+        return doomed
+
     def _run_capture(self, job: str, request: CaptureRequest) -> None:
         try:
-            prune_bundles(self.state_dir, max(1, self.max_bundles))
+            self.prune_evidence()
             bundle: Bundle | Exception = self.capturer.capture(request)
         except Exception as e:
             log.exception("evidence capture for %s failed", job)

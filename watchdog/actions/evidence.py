@@ -31,6 +31,7 @@ seconds for the dump file to change and copies it (at most 64 MiB) into the bund
 
 from __future__ import annotations
 
+import calendar
 import concurrent.futures
 import contextlib
 import errno
@@ -575,10 +576,31 @@ def list_bundles(state_dir: Path) -> list[Path]:
         return []
 
 
-def prune_bundles(state_dir: Path, keep: int) -> list[Path]:
-    """Delete the oldest bundles beyond the newest ``keep`` (names sort by their UTC stamp)."""
+def bundle_time(path: Path) -> float | None:
+    """When a bundle was made: the UTC stamp its name starts with, else its mtime (None: gone)."""
+    try:
+        return calendar.timegm(time.strptime(path.name[:16], "%Y%m%dT%H%M%SZ"))
+    except ValueError:
+        pass
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def prune_bundles(
+    state_dir: Path, keep: int, *, max_age_s: float | None = None, now: float | None = None
+) -> list[Path]:
+    """Delete the oldest bundles beyond the newest ``keep`` (names sort by their UTC stamp), and, with
+    ``max_age_s``, every bundle older than that at ``now`` (``evidence.retention_days``)."""
     bundles = list_bundles(state_dir)
     doomed = bundles[: max(0, len(bundles) - keep)]
+    if max_age_s is not None:
+        now = time.time() if now is None else now
+        for path in bundles[len(doomed) :]:
+            made = bundle_time(path)
+            if made is not None and now - made > max_age_s:
+                doomed.append(path)
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
@@ -591,6 +613,7 @@ __all__ = [
     "Item",
     "RankTarget",
     "bundle_path",
+    "bundle_time",
     "find_nvidia_smi",
     "find_py_spy",
     "prune_bundles",

@@ -73,9 +73,7 @@ class WatchdogCallback(TrainerCallback):
         self._ensure(args)  # announces init with its lease
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        p = self._ensure(args)
-        p.step(int(state.global_step), epoch=int(state.epoch or 0), tokens=_tokens(state))
-        p.train()
+        self._ensure(args).train(int(state.global_step), epoch=int(state.epoch or 0), tokens=_tokens(state))
 
     # -- steps and phases -----------------------------------------------------------------------
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -102,16 +100,14 @@ class WatchdogCallback(TrainerCallback):
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         p = self._ensure(args)
-        if p.end("eval") is not None and control.should_save:
-            p.begin("checkpoint")
+        if p.in_phase("eval"):
+            p.end("eval", then="checkpoint" if control.should_save else None)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._ensure(args).end("checkpoint")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        p = self._ensure(args)
-        p.step(int(state.global_step), epoch=int(state.epoch or 0), tokens=_tokens(state))
-        p.done()
+        self._ensure(args).done(int(state.global_step), epoch=int(state.epoch or 0), tokens=_tokens(state))
 
 
 def _tokens(state: Any) -> int | None:

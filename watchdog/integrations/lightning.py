@@ -105,9 +105,7 @@ class WatchdogCallback(_L.Callback):  # type: ignore[misc,name-defined]
             self._wrapped = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        p = self._ensure(trainer)
-        p.step(int(trainer.global_step), epoch=int(trainer.current_epoch))
-        p.train()
+        self._ensure(trainer).train(int(trainer.global_step), epoch=int(trainer.current_epoch))
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -121,9 +119,7 @@ class WatchdogCallback(_L.Callback):  # type: ignore[misc,name-defined]
         self._ensure(trainer).end("eval")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        p = self._ensure(trainer)
-        p.step(int(trainer.global_step), epoch=int(trainer.current_epoch))
-        p.done()
+        self._ensure(trainer).done(int(trainer.global_step), epoch=int(trainer.current_epoch))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if self.progress is not None:

@@ -32,8 +32,9 @@ ranks announce a phase (rank 0 evaluating alone).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ class Progress:
         policy: LeasePolicy | None = None,
         flusher: bool = True,
         heartbeat_s: float = 30.0,
-        monotonic: Any = time.monotonic,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.writer = writer
         self.leases = LeaseEstimator(policy)
@@ -68,7 +69,7 @@ class Progress:
         self._stack: list[tuple[str, float, str]] = []
         """Open phase blocks: (phase, start on the monotonic clock, the phase to return to)."""
         self._closed = False
-        self.flusher = Flusher(writer, interval_s=writer._min_interval_s, heartbeat_s=heartbeat_s)
+        self.flusher = Flusher(writer, interval_s=writer.min_interval_s, heartbeat_s=heartbeat_s)
         self.enter("init")
         if flusher:
             self.flusher.start()
@@ -113,8 +114,6 @@ class Progress:
         **writer_kwargs: Any,
     ) -> Progress:
         """Rank facts from a framework (a Lightning trainer, an accelerate ``Accelerator``)."""
-        import os
-
         env = os.environ if env is None else env
         job = job or env.get(ENV_JOB)
         if not job:
@@ -149,8 +148,11 @@ class Progress:
                 phase, lease_s=self.leases.lease_s(phase), keep_alive_s=self.leases.keep_alive_s(phase)
             )
 
-    def train(self) -> None:
-        """Training (again): steps advancing are the proof of life."""
+    def train(self, step: int | None = None, *, epoch: int | None = None, tokens: int | None = None) -> None:
+        """Training (again): steps advancing are the proof of life. ``step`` (a resume's position) goes
+        into the same write."""
+        if step is not None:
+            self.writer.step(step, epoch=epoch, tokens=tokens, write=False)
         self.writer.phase("train")
 
     def step(self, step: int, *, epoch: int | None = None, tokens: int | None = None) -> None:
@@ -165,15 +167,24 @@ class Progress:
         self._stack.append((phase, self._monotonic(), self.phase_now))
         self.enter(phase)
 
-    def end(self, phase: str | None = None) -> float | None:
+    def end(self, phase: str | None = None, *, then: str | None = None) -> float | None:
         """Close the innermost open phase (``phase`` names it, as a check; a mismatch closes nothing),
-        learn its duration, and return to the phase it interrupted. Returns the duration."""
+        learn its duration, and return to the phase it interrupted - or, with ``then``, go straight on
+        into that leased phase (an evaluation followed by a save), writing no ``train`` in between.
+        Returns the duration."""
         if not self._stack or (phase is not None and self._stack[-1][0] != phase):
             return None
+        if then is not None and (then not in PHASES or then == "train"):
+            raise ValueError(f"end: then={then!r} is not a leased phase ({', '.join(PHASES)})")
         name, start, back_to = self._stack.pop()
-        duration_s = max(0.0, self._monotonic() - start)
+        now = self._monotonic()
+        duration_s = max(0.0, now - start)
         self.leases.observe(name, duration_s)
-        self.enter(back_to)  # a fresh lease when that phase is a leased one
+        if then is not None:
+            self._stack.append((then, now, back_to))
+            self.enter(then)
+        else:
+            self.enter(back_to)  # a fresh lease when that phase is a leased one
         return duration_s
 
     def in_phase(self, phase: str) -> bool:
@@ -199,8 +210,10 @@ class Progress:
         """End-of-epoch collectives (statistics, a barrier, re-sharding the data)."""
         return self.phase("epoch_end")
 
-    def done(self) -> None:
+    def done(self, step: int | None = None, *, epoch: int | None = None, tokens: int | None = None) -> None:
         """The run is over (the process may still tear down): ``done`` with its lease."""
+        if step is not None:
+            self.writer.step(step, epoch=epoch, tokens=tokens, write=False)
         self._stack.clear()
         self.enter("done")
 

@@ -371,7 +371,8 @@ class NvsmiCsvReader:
                     line_no,
                     1,
                     "no header line (a --format=csv,noheader recording?): pass the --query-gpu field "
-                    "list as columns=, e.g. columns=['timestamp', 'power.draw', 'utilization.gpu']",
+                    "list, e.g. `gpu-watchdog triage --columns timestamp,index,power.draw,utilization.gpu "
+                    "FILE` (Python: columns=[...])",
                 )
             return self._layout_from(given, line_no), offset + bom, line_no
         if given is not None and [b for b, _ in given] != [b for b, _ in parsed]:

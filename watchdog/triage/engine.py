@@ -42,6 +42,8 @@ class TriageOptions:
     table_path: str | None = None
     chunk_bytes: int = 16 << 20
     keep_plot_points: bool = False
+    columns: tuple[str, ...] | None = None
+    """The --query-gpu field list of a recording without a header line (``--format=csv,noheader``)."""
 
 
 @dataclass(slots=True)
@@ -54,6 +56,7 @@ class _GpuTrack:
     switches: list[tuple[float, float, GpuState]] = field(default_factory=list)
     plot_t: list[np.ndarray] = field(default_factory=list)
     plot_p: list[np.ndarray] = field(default_factory=list)
+    plot_u: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass
@@ -73,8 +76,8 @@ class TriageResult:
     warnings: list[str]
     start_time: float
     """Epoch seconds of the first sample (times in the result are relative to it)."""
-    plot: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
-    """Per GPU: thinned (time_s, power_w, state code) for plotting."""
+    plot: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
+    """Per GPU: thinned (time_s, power_w, state code, utilization_ratio) for plotting."""
 
     @property
     def deadlock(self) -> bool:
@@ -123,9 +126,23 @@ def _pick_table(
     return table.at_limit(float(limit)), float(limit)
 
 
-def _median_intervals(path: str, gpus: int | None) -> tuple[int, np.ndarray]:
+def _reader(path: str, gpus: int | None, chunk_bytes: int, columns: tuple[str, ...] | None) -> NvsmiCsvReader:
+    try:
+        return NvsmiCsvReader(path, gpus=gpus, chunk_bytes=chunk_bytes, columns=columns)
+    except RecordingError:
+        raise
+    except ValueError as e:  # a bad columns= list, --gpus out of bounds
+        text = str(e)
+        if text.startswith("columns= "):
+            text = "--columns: " + text.removeprefix("columns= ")
+        raise TriageInputError(text) from None
+
+
+def _median_intervals(
+    path: str, gpus: int | None, columns: tuple[str, ...] | None = None
+) -> tuple[int, np.ndarray]:
     """Median sampling interval per GPU from the head of the file (chunk-size independent)."""
-    reader = NvsmiCsvReader(path, gpus=gpus, chunk_bytes=1 << 20)
+    reader = _reader(path, gpus, 1 << 20, columns)
     n = reader.header.gpus
     med = np.full(n, np.nan)
     for chunk in reader.chunks():
@@ -155,12 +172,7 @@ def triage_file(
     """Triage one recording. Raises RecordingError / TriageInputError on bad input."""
     path = str(path)
     _check_options(opts)
-    try:
-        reader = NvsmiCsvReader(path, gpus=opts.gpus, chunk_bytes=opts.chunk_bytes)
-    except ValueError as e:
-        if isinstance(e, RecordingError):
-            raise
-        raise TriageInputError(str(e)) from None
+    reader = _reader(path, opts.gpus, opts.chunk_bytes, opts.columns)
     header = reader.header
     table, limit_w = _pick_table(opts, header.gpu_names, header.power_limit_w)
     model = (
@@ -168,7 +180,7 @@ def triage_file(
         if table.model != "generic"
         else (match_model(header.gpu_names[0]) if header.gpu_names else None) or "generic"
     )
-    n_gpus, med = _median_intervals(path, header.gpus)
+    n_gpus, med = _median_intervals(path, header.gpus, opts.columns)
     cap = 2.0 * med
     tracks = [_GpuTrack() for _ in range(n_gpus)]
     t0: float | None = None
@@ -218,6 +230,7 @@ def triage_file(
             if opts.keep_plot_points:
                 tr.plot_t.append(t[::thin].copy())
                 tr.plot_p.append(p_all[a:b][::thin].copy())
+                tr.plot_u.append(u[::thin].copy())
         if progress is not None:
             progress(chunk.end_offset)
 
@@ -272,11 +285,12 @@ def triage_file(
         for tr in tracks:
             t = np.concatenate(tr.plot_t) if tr.plot_t else np.empty(0)
             p = np.concatenate(tr.plot_p) if tr.plot_p else np.empty(0)
+            u = np.concatenate(tr.plot_u) if tr.plot_u else np.empty(0)
             since = np.array([s[0] for s in tr.switches])
             codes = np.array([CODE[s[2]] for s in tr.switches], dtype=np.int8)
             idx = np.searchsorted(since, t, side="right") - 1
             state = codes[np.clip(idx, 0, None)] if len(codes) else np.zeros(len(t), np.int8)
-            plot.append((t, p, state))
+            plot.append((t, p, state, u))
     return TriageResult(
         file=path,
         model=model,

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from gpu_triage.states import GPU_STATES
+import time
+from typing import Any
+
+from gpu_triage.states import GPU_STATES, GpuState
 from gpu_triage.triage.engine import TriageResult
+
+#: How many of the longest checkpoint_or_deadlock (spin) episodes the report lists.
+SPIN_EPISODES_LISTED = 5
 
 _SHORT = {
     "idle": "idle",
@@ -21,6 +27,23 @@ def _fmt_s(seconds: float) -> str:
     if seconds >= 120:
         return f"{seconds / 60:.1f} min"
     return f"{seconds:.1f} s"
+
+
+def spin_episodes(result: TriageResult, limit: int = SPIN_EPISODES_LISTED) -> list[dict[str, Any]]:
+    """The longest ``checkpoint_or_deadlock`` segments, longest first (ties: earliest first)."""
+    spins = [
+        {**s, "duration_s": round(s["end_s"] - s["start_s"], 3)}
+        for s in result.segments
+        if s["state"] == GpuState.CHECKPOINT_OR_DEADLOCK.value and s["end_s"] > s["start_s"]
+    ]
+    spins.sort(key=lambda s: (-s["duration_s"], s["start_s"], s["gpu"]))
+    return spins[:limit]
+
+
+def wall_clock(result: TriageResult, offset_s: float) -> str:
+    """The wall-clock time of an offset into the recording, as nvidia-smi wrote it (its timestamps
+    carry no zone: they are the recording host's local time, read unchanged)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(result.start_time + offset_s))
 
 
 def render(result: TriageResult) -> str:
@@ -51,6 +74,14 @@ def render(result: TriageResult) -> str:
             )
     else:
         lines.append(f"  no deadlock ({rule})")
+    episodes = spin_episodes(r)
+    if episodes:
+        lines.append("  longest spin episodes (checkpoint_or_deadlock, clock time as recorded):")
+        for e in episodes:
+            lines.append(
+                f"    gpu {e['gpu']:<3} {_fmt_s(e['duration_s']):>9}  {wall_clock(r, e['start_s'])} .. "
+                f"{wall_clock(r, e['end_s'])[11:]}  ({e['start_s']:.1f} s .. {e['end_s']:.1f} s)"
+            )
     for w in r.warnings:
         lines.append(f"  warning: {w}")
     return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""The built wheel installs into a fresh virtualenv and works there, next to PyPI's ``watchdog`` and
+``trainer`` distributions.
+
+Real parts: ``python -m build`` builds the wheel from this checkout, ``python -m venv`` makes a clean
+environment, pip installs PyPI's ``watchdog`` (filesystem events) and ``trainer`` (Coqui) first, then
+this wheel. Without its extras the base install must still answer ``gpu-watchdog --version`` and
+``ft-trainer --version`` (the base install pulls no dependency, tests/test_packaging.py). All three
+distributions must survive each other: PyPI's ``watchdog`` imports and runs, and every file of
+PyPI's ``trainer`` is still the one its RECORD lists (importing Coqui's trainer needs torch and its
+other dependencies, which ``--no-deps`` leaves out: its files are what this wheel could break). An
+uninstall of this wheel leaves both alone.
+
+Needs PyPI (the isolated build and the two distributions), like the CI machine has.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import importlib.util
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from gpu_triage import __version__
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def run(*args: str | Path, cwd: Path = REPO, timeout: float = 300) -> str:
+    result = subprocess.run(
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, f"{args}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def build_wheel(out: Path) -> Path:
+    # Without isolation where setuptools is at hand (faster, same backend); else the isolated build.
+    isolation = ["--no-isolation"] if importlib.util.find_spec("setuptools") is not None else []
+    run(sys.executable, "-m", "build", "--wheel", *isolation, "--outdir", out, REPO)
+    (wheel,) = out.glob("gpu_triage-*.whl")
+    return wheel
+
+
+def record_intact(site: Path, dist_info_glob: str) -> list[str]:
+    """Files of an installed distribution whose content no longer matches its RECORD."""
+    (dist_info,) = site.glob(dist_info_glob)
+    broken = []
+    with (dist_info / "RECORD").open(newline="") as f:
+        for row in csv.reader(f):
+            name, digest = row[0], row[1] if len(row) > 1 else ""
+            if not digest or name.endswith(".pyc"):
+                continue
+            algorithm, _, expected = digest.partition("=")
+            path = site / name
+            if not path.is_file():
+                broken.append(f"{name} (missing)")
+                continue
+            actual = base64.urlsafe_b64encode(hashlib.new(algorithm, path.read_bytes()).digest())
+            if actual.rstrip(b"=").decode() != expected:
+                broken.append(f"{name} (changed)")
+    return broken
+
+
+def test_the_wheel_installs_beside_pypis_watchdog_and_trainer(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    env = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env)
+    python, bin_dir = env / "bin" / "python", env / "bin"
+    site = Path(
+        run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp_path).strip()
+    )
+
+    run(python, "-m", "pip", "install", "-q", "--no-deps", "watchdog", "trainer", cwd=tmp_path)
+    run(python, "-m", "pip", "install", "-q", "--no-deps", wheel, cwd=tmp_path)
+
+    # The base install (no extras): both commands answer --version.
+    assert run(bin_dir / "gpu-watchdog", "--version", cwd=tmp_path).strip() == f"gpu-watchdog {__version__}"
+    assert run(bin_dir / "ft-trainer", "--version", cwd=tmp_path).strip() == f"ft-trainer {__version__}"
+
+    # All three side by side: ours import, PyPI's watchdog imports and works, Coqui's trainer is intact.
+    probe = (
+        "import importlib.util, tempfile, gpu_triage, ft_trainer, watchdog\n"
+        "from watchdog.events import FileSystemEventHandler\n"
+        "from watchdog.observers.polling import PollingObserver\n"
+        "observer = PollingObserver()\n"
+        "observer.schedule(FileSystemEventHandler(), tempfile.gettempdir())\n"
+        "observer.start(); observer.stop(); observer.join(5)\n"
+        "print(gpu_triage.__file__, ft_trainer.__file__, watchdog.__file__)\n"
+        "print(importlib.util.find_spec('trainer').origin)\n"
+    )
+    paths = run(python, "-c", probe, cwd=tmp_path).split()
+    assert [Path(p).relative_to(site).parts[0] for p in paths] == [
+        "gpu_triage",
+        "ft_trainer",
+        "watchdog",
+        "trainer",
+    ]
+    assert record_intact(site, "watchdog-*.dist-info") == []
+    assert record_intact(site, "trainer-*.dist-info") == []
+    assert record_intact(site, "gpu_triage-*.dist-info") == []
+
+    # Uninstalling ours leaves theirs as they were.
+    run(python, "-m", "pip", "uninstall", "-y", "-q", "gpu-triage", cwd=tmp_path)
+    assert not (bin_dir / "gpu-watchdog").exists()
+    run(python, "-c", "import watchdog.observers", cwd=tmp_path)
+    assert record_intact(site, "watchdog-*.dist-info") == []
+    assert record_intact(site, "trainer-*.dist-info") == []
