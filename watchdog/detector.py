@@ -322,19 +322,7 @@ class Detector:
         if mem is not None and mem.raised is None:
             mem = None  # first seen this cycle: no verdict of its own to keep
         verdict = mem.verdict if mem is not None else Verdict.TELEMETRY_LOST
-        ranks = tuple(
-            RankStatus(
-                rank=r.rank,
-                pid=r.pid,
-                gpu=r.gpu,
-                step=r.step,
-                phase=r.phase,
-                lease_until=r.lease_until,
-                alive=r.alive,
-                process_status=r.status,
-            )
-            for r in job.ranks
-        )
+        ranks = _rank_statuses(job)
         return JobStatus(
             job=job.job,
             ranks=ranks,
@@ -367,19 +355,7 @@ class Detector:
         if decision.verdict is not mem.verdict:
             mem.verdict, mem.onset, mem.raised = decision.verdict, decision.onset, now
         evidence = self._evidence(job, facts, mem, findings, decision)
-        ranks = tuple(
-            RankStatus(
-                rank=r.rank,
-                pid=r.pid,
-                gpu=r.gpu,
-                step=r.step,
-                phase=r.phase,
-                lease_until=r.lease_until,
-                alive=r.alive,
-                process_status=r.status,
-            )
-            for r in job.ranks
-        )
+        ranks = _rank_statuses(job)
         return JobStatus(
             job=job.job,
             ranks=ranks,
@@ -1036,3 +1012,19 @@ class Detector:
 
 
 __all__ = ["Detector", "DetectorConfig", "GpuView", "JobView", "RankView"]
+
+
+def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:
+    return tuple(
+        RankStatus(
+            rank=r.rank,
+            pid=r.pid,
+            gpu=r.gpu,
+            step=r.step,
+            phase=r.phase,
+            lease_until=r.lease_until,
+            alive=r.alive,
+            process_status=r.status,
+        )
+        for r in job.ranks
+    )
