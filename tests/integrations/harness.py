@@ -62,6 +62,22 @@ class JobRun:
     def phases_seen(self) -> set[str]:
         return {p for s in self.timeline for p in s.phases.values()}
 
+    def assert_epoch_end_deadlock_caught(self, label: str) -> Seen:
+        """Rank 1 in a job-scoped ``epoch_end``, rank 0 frozen in ``train``: kill-worthy phase
+        disagreement within 30 s, by the daemon's onset and by the test's own clock (the first cycle
+        showing the split to the verdict)."""
+        verdicts = self.verdicts()
+        hung = self.first("deadlock_suspected")
+        assert hung is not None, (verdicts, self.log)
+        assert hung.kill_worthy and "phase_disagreement" in hung.signals, hung
+        assert hung.phases == {0: "train", 1: "epoch_end"}, hung
+        assert hung.onset is not None and hung.raised is not None
+        assert hung.raised - hung.onset <= 30.0, hung
+        split = next(s for s in self.timeline if s.phases == {0: "train", 1: "epoch_end"})
+        assert hung.time_s - split.time_s <= 30.0
+        print(f"{label}: onset -> deadlock_suspected {hung.raised - hung.onset:.1f} s; verdicts {verdicts}")
+        return hung
+
 
 def torchrun(script: Path, *args: str) -> list[str]:
     return [

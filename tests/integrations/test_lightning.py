@@ -59,15 +59,7 @@ def test_lightning_saves_are_checkpoint_and_an_injected_deadlock_is_caught_withi
         # (init was written at setup, before the test's recorder was attached)
         assert phases[:5] == ["train", "checkpoint", "train", "eval", "train"], phases
         assert phases[-1] == ("epoch_end" if rank == 1 else "train"), phases
-    hung = run.first("deadlock_suspected")
-    assert hung is not None, (verdicts, run.log)
-    assert hung.kill_worthy and "phase_disagreement" in hung.signals, hung
-    assert hung.phases == {0: "train", 1: "epoch_end"}, hung
-    assert hung.onset is not None and hung.raised is not None
-    assert hung.raised - hung.onset <= 30.0, hung
-    split = next(s for s in run.timeline if s.phases == {0: "train", 1: "epoch_end"})
-    assert hung.time_s - split.time_s <= 30.0
-    print(f"Lightning: onset -> deadlock_suspected {hung.raised - hung.onset:.1f} s; verdicts {verdicts}")
+    run.assert_epoch_end_deadlock_caught("Lightning")
 
 
 def test_lightning_example_runs_to_done(tmp_path: Path) -> None:
