@@ -417,6 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except ModuleNotFoundError as e:  # the base (client-only) wheel: say which extra, exit 2 not 1
+        from gpu_triage.extras import missing_extra_hint
+
+        hint = missing_extra_hint("gpu-watchdog", args.command, e, "daemon")
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

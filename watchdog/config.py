@@ -500,6 +500,13 @@ class AuthConfig:
     token_file: Path | None = field(
         default=None, metadata=meta(optional_path, "bearer token for mutating endpoints")
     )
+    token_file_optional: bool = field(
+        default=False,
+        metadata=meta(
+            boolean,
+            "a missing token_file is no error: mutating calls answer 403 (logged) until it appears",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -953,9 +960,26 @@ def load_secret(path: Path, what: str = "token") -> str:
     return value
 
 
+def token_file_absent(config: Config) -> bool:
+    """``auth.token_file_optional`` is set and the token file does not exist (a Kubernetes Secret
+    marked optional and not created): the daemon runs with mutating calls answering 403."""
+    path = config.auth.token_file
+    return path is not None and config.auth.token_file_optional and not os.path.lexists(path)
+
+
+def missing_token_note(config: Config) -> str:
+    """What the daemon and ``check-config`` say when :func:`token_file_absent` holds."""
+    return (
+        f"auth.token_file: {config.auth.token_file} does not exist (auth.token_file_optional = true): "
+        "mutating calls (POST /arm, /disarm, /silences) answer 403 until it exists and the daemon is "
+        "reloaded (SIGHUP) or restarted"
+    )
+
+
 def load_token(config: Config) -> str | None:
-    """The bearer token for mutating endpoints, or None when ``auth.token_file`` is not set
-    (mutating calls then answer 403)."""
-    if config.auth.token_file is None:
+    """The bearer token for mutating endpoints, or None when ``auth.token_file`` is not set, or is
+    missing while ``auth.token_file_optional`` is true (mutating calls then answer 403). Any other
+    problem with the file - missing when not optional, world-readable, empty - is a ConfigError."""
+    if config.auth.token_file is None or token_file_absent(config):
         return None
     return load_secret(config.auth.token_file, "token")

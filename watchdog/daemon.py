@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from gpu_triage import __version__, logs
-from gpu_triage.config import Config, load_config, load_token, override
+from gpu_triage.config import (
+    Config,
+    load_config,
+    load_token,
+    missing_token_note,
+    override,
+    token_file_absent,
+)
 from gpu_triage.control import QueuedControl
 from gpu_triage.detector import Detector, GpuView, JobView
 from gpu_triage.detector import DetectorConfig as DetectorSettings
@@ -207,6 +214,8 @@ class Daemon:
 
         host, _, port = self.config.daemon.listen.rpartition(":")
         token = load_token(self.config)
+        if token_file_absent(self.config):
+            log.warning("%s", missing_token_note(self.config))
         app = create_app(
             snapshots=self.snapshots,
             events=self.store,
@@ -583,7 +592,10 @@ class Daemon:
             from gpu_triage.api import set_token
 
             set_token(self._app, token)  # a rotated token file takes effect now; the old one stops
-            log.info("auth token re-read from %s", new.auth.token_file)
+            if token_file_absent(new):
+                log.warning("%s", missing_token_note(new))
+            else:
+                log.info("auth token re-read from %s", new.auth.token_file)
         self.config = new
         self._event("daemon", {"event": "reloaded", "config": new.origin})
         self.notifier.ready("configuration reloaded")

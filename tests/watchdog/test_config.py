@@ -14,9 +14,11 @@ from gpu_triage.config import (
     load_config,
     load_secret,
     load_token,
+    missing_token_note,
     override,
     parse_env_value,
     schema_keys,
+    token_file_absent,
 )
 from gpu_triage.states import Mode
 from tests.conftest import REPO
@@ -292,6 +294,22 @@ def test_token_file_must_not_be_world_readable(tmp_path: Path) -> None:
     token.chmod(0o640)
     assert load_token(config) == "s3cret-value"
     assert load_token(load_config(None, {})) is None
+
+
+def test_a_missing_token_file_is_an_error_unless_declared_optional(tmp_path: Path) -> None:
+    missing = tmp_path / "token"
+    env = {"GPU_WATCHDOG_AUTH__TOKEN_FILE": str(missing)}
+    with pytest.raises(ConfigError, match="cannot read the token file"):
+        load_token(load_config(None, env))
+    optional = load_config(None, {**env, "GPU_WATCHDOG_AUTH__TOKEN_FILE_OPTIONAL": "true"})
+    assert token_file_absent(optional) and load_token(optional) is None
+    assert "answer 403" in missing_token_note(optional)
+    # optional covers absence only: a file that is there must still be sound
+    missing.write_text("s3cret\n")
+    missing.chmod(0o644)
+    assert not token_file_absent(optional)
+    with pytest.raises(ConfigError, match="world-readable"):
+        load_token(optional)
 
 
 def test_secret_file_problems(tmp_path: Path) -> None:
