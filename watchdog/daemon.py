@@ -12,6 +12,7 @@ main thread owns the signals: SIGTERM/SIGINT stop cleanly, SIGHUP reloads the co
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -27,6 +28,7 @@ from typing import Any
 from gpu_triage import __version__, logs
 from gpu_triage.config import (
     Config,
+    ConfigError,
     load_config,
     load_token,
     missing_token_note,
@@ -48,6 +50,7 @@ from gpu_triage.sdnotify import SdNotifier
 from gpu_triage.snapshot import JobStatus, Snapshot
 from gpu_triage.stack_sampler import SamplerConfig, StackSampler
 from gpu_triage.stacks import StackPhase
+from gpu_triage.state_lock import StateLock
 from gpu_triage.states import Mode, Verdict
 from gpu_triage.telemetry.types import TelemetrySource
 
@@ -131,6 +134,7 @@ class Daemon:
         self._progress_errors: tuple[dict[str, Any], ...] = ()
         self._actions_error: str | None = None
         self._logged_job_errors: dict[str, str] = {}
+        self._state_lock: StateLock | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -140,8 +144,14 @@ class Daemon:
         state_dir = Path(self.config.daemon.state_dir)
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # a full disk: the store runs on memory and reattaches later
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # a wrong path or no permission: say so
+                raise ConfigError(
+                    [f"daemon.state_dir: cannot create the state directory {state_dir}: {e.strerror}"]
+                ) from None
+            # a full disk: the store runs on memory and reattaches later
             log.error("cannot create the state directory %s: %s", state_dir, e)
+        self._take_state_lock(state_dir)
         ev = self.config.events
         try:
             self.store = EventStore(
@@ -169,7 +179,31 @@ class Daemon:
         if self.actions is None:
             self.actions = self._make_actions(state_dir)
         if self.serve_http:
-            self._start_http()
+            try:
+                self._start_http()
+            except BaseException:  # the port is taken: exit 2 without holding the state directory
+                if self._state_lock is not None:
+                    self._state_lock.release()
+                raise
+
+    def _take_state_lock(self, state_dir: Path) -> None:
+        """One daemon per state directory (gpu_triage.state_lock): a second exits 2 naming the first."""
+        from gpu_triage.state_lock import StateDirInUse, acquire
+
+        if not state_dir.is_dir():
+            return  # a full disk kept it from being made: nothing to share yet
+        try:
+            self._state_lock = acquire(state_dir)
+        except StateDirInUse as e:
+            raise ConfigError([str(e)]) from None
+        except OSError as e:
+            raise ConfigError(
+                [f"daemon.state_dir: cannot open the lock file in {state_dir}: {e.strerror}"]
+            ) from None
+        if self._state_lock is None:
+            log.error(
+                "state directory %s: no room for the lock file (a full disk); running unlocked", state_dir
+            )
 
     SILENCES_KEY = "control.silences"
 
@@ -274,6 +308,9 @@ class Daemon:
         if self.store is not None:
             self.store.close()
         self.stacks.close()
+        if self._state_lock is not None:
+            self._state_lock.release()
+            self._state_lock = None
 
     # -- the loop -------------------------------------------------------------------------------
     def run_forever(self) -> None:
@@ -458,6 +495,9 @@ class Daemon:
         )
         self._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in self._process_view.untrusted)])
         jobs = self._with_stacks(now, jobs)
+        signalled = getattr(self.actions, "signalled_pids", None)
+        if signalled is not None:  # ranks the kill ladder signalled read `killed`, never a new stall
+            jobs = [replace(j, signalled_pids=signalled(j.job, now)) for j in jobs]
         gviews = [
             GpuView(
                 g.gpu,
