@@ -890,8 +890,15 @@ class Detector:
                     ranks=rk(disagree),
                 )
             )
-        if f.live:
-            out.append(progress(Signal.LIVE_LEASE, "live leases", ranks=rk(f.live)))
+        # A lease speaks for progress - except the leases of ranks that disagree with frozen train
+        # ranks: they are the epoch-end deadlock itself (K1), never evidence against it.
+        split = disagree if disagree and f.train else []
+        excusing = [r for r in f.live if r not in split]
+        if excusing:
+            out.append(progress(Signal.LIVE_LEASE, "live leases", ranks=rk(excusing)))
+        if split:
+            detail = "live leases of the ranks that left train: the disagreement, not progress"
+            out.append(context(Signal.LIVE_LEASE, detail, ranks=rk(split)))
         if f.expired:
             phases = ", ".join(sorted({r.phase or "" for r in f.expired}))
             out.append(hang(Signal.LEASE_EXPIRED, f"{phases} lease outlived", ranks=rk(f.expired)))

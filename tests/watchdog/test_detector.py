@@ -194,6 +194,17 @@ def test_phase_disagreement_is_the_epoch_end_deadlock_even_with_a_live_lease():
     out = drive(Job(), script, 400)
     t_s, onset = first(out, Verdict.DEADLOCK_SUSPECTED)
     assert onset <= 200 and t_s - onset <= 30
+    # The epoch_end ranks' lease is the disagreement itself, not evidence against the hang: `against`
+    # is empty, as the runbook says of a deadlock verdict (the lease is kept as context).
+    job, det = Job(), Detector(DetectorConfig())
+    for t in range(0, 260):
+        script(float(t), job)
+        gpus, jobs = job.views()
+        (status,) = det.update(float(t), gpus, jobs)
+    assert status.verdict in (Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED)
+    assert status.evidence["against"] == [], status.evidence["findings"]
+    lease = [x for x in status.evidence["findings"] if x["signal"] == "live_lease"]
+    assert lease and lease[0]["stance"] == "context" and lease[0]["ranks"] == [0, 1, 2, 3]
 
 
 def test_every_rank_outliving_its_epoch_end_lease_with_spinning_gpus_is_hung():
