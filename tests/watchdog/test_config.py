@@ -164,10 +164,38 @@ max_kills_per_hour = 1.5
 def test_unknown_keys_and_sections_suggest_the_right_one(tmp_path: Path) -> None:
     path = write(tmp_path, "[daemon]\nperiod = 1.0\n[detectr]\nx = 1\n[classifier.dwell_s]\ncompte = 1\n")
     assert problems(path) == [
-        f"{path}: daemon.period: unknown key (did you mean 'period_s'?)",
-        f"{path}: detectr: unknown key (did you mean 'detector'?)",
-        f"{path}: classifier.dwell_s.compte: unknown key (did you mean 'compute'?)",
+        f"{path}:2: daemon.period: unknown key (did you mean 'period_s'?)",
+        f"{path}:3: detectr: unknown key (did you mean 'detector'?)",
+        f"{path}:6: classifier.dwell_s.compte: unknown key (did you mean 'compute'?)",
     ]
+
+
+def test_a_typo_is_named_with_its_line_even_in_sinks_and_after_multiline_strings(tmp_path: Path) -> None:
+    """tomllib gives no line numbers: the key's line comes from scanning the text (key_lines)."""
+    from gpu_triage.config import key_lines
+
+    body = (
+        "# comment\n"
+        "[daemon]\n"
+        'node = """multi\n'
+        "mode = not a key\n"
+        '"""\n'
+        "[actions]\n"
+        '  "mdoe" = "kill"   # quoted key\n'
+        "[[alerts.sinks]]\n"
+        'kind = "webhook"\n'
+        'url = "http://127.0.0.1:1/"\n'
+        "[[alerts.sinks]]\n"
+        'kind = "webhook"\n'
+        'urll = "http://127.0.0.1:2/"\n'
+    )
+    path = write(tmp_path, body)
+    lines = key_lines(body)
+    assert lines["daemon.node"] == 3 and "daemon.mode" not in lines  # inside the string
+    assert lines["alerts.sinks[1].urll"] == 13 and lines["alerts.sinks[0].url"] == 10
+    found = problems(path)
+    assert f"{path}:7: actions.mdoe: unknown key (did you mean 'mode'?)" in found
+    assert any(p.startswith(f"{path}:13: alerts.sinks[1].urll: unknown key") for p in found), found
 
 
 def test_power_only_rule_is_capped_at_180_s(tmp_path: Path) -> None:
@@ -206,10 +234,10 @@ timout_s = 3
 url = "http://x"
 """,
     )
-    assert [p.removeprefix(f"{path}: ") for p in problems(path)] == [
+    assert [p.removeprefix(f"{path}: ").removeprefix(f"{path}:9: ") for p in problems(path)] == [
         "alerts.sinks[0].url: expected exactly one of url and url_file for a slack sink, got nothing",
         "alerts.sinks[1].routing_key_file: expected a path (PagerDuty needs a routing key), got nothing",
-        "alerts.sinks[2].timout_s: unknown key (did you mean 'timeout_s'?)",
+        "alerts.sinks[2].timout_s: unknown key (did you mean 'timeout_s'?)",  # on line 9
         "alerts.sinks[3].kind: expected one of webhook, alertmanager, pagerduty, slack, got nothing",
     ]
 
