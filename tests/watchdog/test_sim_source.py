@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpu_triage.recordings.writer import RecordingInfo, write_nvsmi_csv
-from gpu_triage.scenarios import DEFAULT_SCENARIO, find, names
+from gpu_triage.telemetry.scenarios import DEFAULT_SCENARIO, find, names
 from gpu_triage.telemetry.sim import GpuBehaviour, Phase, Scenario, ScenarioError, SimSource
 from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
 

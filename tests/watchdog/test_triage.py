@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_triage.cli import main
+from gpu_triage.cli.main import main
 from gpu_triage.recordings.nvsmi_csv import read_recording
 from gpu_triage.recordings.writer import write_nvsmi_csv
 from gpu_triage.telemetry.sim import GpuBehaviour, Phase, Scenario

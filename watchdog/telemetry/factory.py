@@ -82,7 +82,7 @@ def make_source(
             )
             return NoneSource(reason=str(exc))
     if kind == "sim":
-        from gpu_triage.scenarios import DEFAULT_SCENARIO
+        from gpu_triage.telemetry.scenarios import DEFAULT_SCENARIO
         from gpu_triage.telemetry.sim import SimSource
 
         if sep and not arg:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_triage.scenarios import DEFAULT_SCENARIO, find
+from gpu_triage.telemetry.scenarios import DEFAULT_SCENARIO, find
 from gpu_triage.telemetry.types import GpuInfo, GpuSample, TelemetryUnavailable
 
 __all__ = [
