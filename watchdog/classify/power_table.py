@@ -346,7 +346,7 @@ def builtin_table(model: str) -> PowerTable:
         raise TableError(
             f"no built-in table for model {model!r}; built-in: {', '.join((*BUILTIN_MODELS, GENERIC))}"
         ) from None
-    return parse_table(tomllib.loads(text), f"watchdog/tables/{name}.toml")
+    return parse_table(tomllib.loads(text), f"watchdog/classify/tables/{name}.toml")
 
 
 def all_tables() -> list[PowerTable]:

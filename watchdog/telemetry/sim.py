@@ -1,6 +1,6 @@
 """A scripted simulation of N GPUs: the telemetry source for machines without GPUs, demos and tests.
 
-A :class:`Scenario` is data (TOML under ``watchdog/scenarios/``, or built in code with
+A :class:`Scenario` is data (TOML under ``watchdog/telemetry/scenarios/``, or built in code with
 :meth:`Scenario.from_phases`): a GPU model, a GPU count, the enforced power limit, and a list of
 :class:`Phase` s - each with a duration, the trainer phase the job would report, the optimizer step
 rate, and a per-GPU :class:`GpuBehaviour` (power as a fraction of the limit, utilisation, memory,
@@ -389,7 +389,7 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, origin: str = "<dict>") -> Scenario:
-        """Parse the TOML form (see ``watchdog/scenarios/reference-b300.toml``)."""
+        """Parse the TOML form (see ``watchdog/telemetry/scenarios/reference-b300.toml``)."""
         _unknown(origin, "", data, _TOP_KEYS)
         raw_behaviours = data.get("behaviours", {})
         if not isinstance(raw_behaviours, Mapping):
