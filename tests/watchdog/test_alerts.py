@@ -27,7 +27,7 @@ from gpu_triage.actions.alerts import (
     slack_payload,
     webhook_payload,
 )
-from gpu_triage.actions.runbook import DEFAULT_RUNBOOK_BASE
+from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE
 from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import KILL_WORTHY_VERDICTS, GpuState, Verdict
 from gpu_triage.signals.pods import PodRef

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.daemon.config import (
+from gpu_triage.config.settings import (
     Config,
     ConfigError,
     load_config,

@@ -84,9 +84,9 @@ from gpu_triage.actions.kill import (
     render_hook,
     slurm_job_id,
 )
+from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, cancel_id
-from gpu_triage.daemon.config import ActionsConfig, AlertsConfig
-from gpu_triage.daemon.control import SilenceBook
+from gpu_triage.config.settings import ActionsConfig, AlertsConfig
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.snapshot import GpuStatus, JobStatus

@@ -192,8 +192,8 @@ def optional_text(value: Any) -> str | None:
 
 
 def runbook_base(value: Any) -> str | None:
-    """An absolute http(s) URL without '#' ("" = the placeholder base, gpu_triage.actions.runbook)."""
-    from gpu_triage.actions.runbook import BadRunbookBase, check_base
+    """An absolute http(s) URL without '#' ("" = the placeholder base, gpu_triage.model.runbook)."""
+    from gpu_triage.model.runbook import BadRunbookBase, check_base
 
     if value == "":
         return None
