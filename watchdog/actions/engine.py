@@ -112,7 +112,7 @@ KV_SIGNATURES = "actions.hang_signatures"
 # Worker thread
 
 
-class _Worker:
+class _OrderedWorker:
     """One daemon thread running submitted callables in order."""
 
     def __init__(self, name: str) -> None:
@@ -301,8 +301,8 @@ class ActionEngine:
                 self._limbo[key] = Alert.from_dict(value)
             except (TypeError, ValueError) as e:
                 log.warning("dropping unreadable persisted alert %s: %s", key, e)
-        self._capture_worker = _Worker("evidence-capture")
-        self._kill_worker = _Worker("kill-executor")
+        self._capture_worker = _OrderedWorker("evidence-capture")
+        self._kill_worker = _OrderedWorker("kill-executor")
         self.delivery.start()
         self.sink_problems = self.delivery.problems()
         for problem in self.sink_problems:
