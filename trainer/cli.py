@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except ModuleNotFoundError as e:  # the base (client-only) wheel: say which extra, exit 2
-        from gpu_triage.extras import missing_extra_hint
+        from gpu_triage.cli.extras import missing_extra_hint
 
         hint = missing_extra_hint("ft-trainer", args.command, e, "trainer")
         if hint is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.config import (
+from gpu_triage.config.settings import (
     Config,
     ConfigError,
     load_config,
@@ -20,7 +20,7 @@ from gpu_triage.config import (
     schema_keys,
     token_file_absent,
 )
-from gpu_triage.states import Mode
+from gpu_triage.model.states import Mode
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "deploy" / "config.example.toml"
@@ -172,7 +172,7 @@ def test_unknown_keys_and_sections_suggest_the_right_one(tmp_path: Path) -> None
 
 def test_a_typo_is_named_with_its_line_even_in_sinks_and_after_multiline_strings(tmp_path: Path) -> None:
     """tomllib gives no line numbers: the key's line comes from scanning the text (key_lines)."""
-    from gpu_triage.config import key_lines
+    from gpu_triage.config.settings import key_lines
 
     body = (
         "# comment\n"
