@@ -42,13 +42,31 @@ OFFLOAD = ("none", "cpu", "nvme")
 class ConfigError(ValueError):
     """A job file problem: ``file: key: expected ..., got ...``."""
 
-    def __init__(self, file: str | Path, key: str, expected: str, actual: Any = None, *, raw: str = ""):
+    def __init__(
+        self,
+        file: str | Path,
+        key: str,
+        expected: str,
+        actual: Any = None,
+        *,
+        raw: str = "",
+        locate: str | None = None,
+    ):
         self.file = str(file)
         self.key = key
         self.expected = expected
         self.actual = actual
+        self.locate = locate
+        """The dotted key whose line the message should name (an unknown key, a likely typo)."""
         msg = raw or f"{self.file}: {key}: expected {expected}, got {actual!r}"
         super().__init__(msg)
+
+    def at_line(self, line: int) -> ConfigError:
+        """The same error with ``FILE:LINE`` in place of ``FILE``."""
+        msg = str(self)
+        if msg.startswith(f"{self.file}: "):
+            msg = f"{self.file}:{line}: " + msg[len(self.file) + 2 :]
+        return ConfigError(self.file, self.key, self.expected, self.actual, raw=msg)
 
 
 @dataclass(frozen=True)
@@ -155,6 +173,18 @@ class _Section:
         self.known.add(key)
         if key not in self.table:
             if default is ...:
+                others = [k for k in self.table if k not in self.known]
+                typo = difflib.get_close_matches(key, others, n=1)
+                if typo:  # `seqlen = 64` for `seq_len`: say so, on the typo's line
+                    raise ConfigError(
+                        self.file,
+                        self._key(key),
+                        f"{expected or kind} (required)",
+                        "missing",
+                        raw=f"{self.file}: {self._key(key)}: missing (required: {expected or kind}); the "
+                        f"file sets {self._key(typo[0])!r}, a typo of {key!r}?",
+                        locate=self._key(typo[0]),
+                    )
                 raise ConfigError(self.file, self._key(key), f"{expected or kind} (required)", "missing")
             return default
         value = self.table[key]
@@ -191,6 +221,7 @@ class _Section:
                     key,
                     raw=f"{self.file}: {self._key(key)}: unknown key{hint}; known keys in [{self.name}]: "
                     + ", ".join(sorted(self.known)),
+                    locate=self._key(key),
                 )
 
 
@@ -208,10 +239,21 @@ def load_config(path: str | Path) -> JobConfig:
             p, "<file>", "a readable job file", raw=f"{p}: cannot read job file: {exc}"
         ) from None
     try:
-        doc = tomllib.loads(raw_bytes.decode("utf-8"))
+        text = raw_bytes.decode("utf-8")
+        doc = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(p, "<syntax>", "valid TOML", raw=f"{p}: TOML syntax error: {exc}") from None
-    return parse_config(doc, p)
+    try:
+        return parse_config(doc, p)
+    except ConfigError as exc:
+        if exc.locate is None:
+            raise
+        from gpu_triage.config.settings import key_lines  # stdlib-only: tomllib gives no line numbers
+
+        line = key_lines(text).get(exc.locate)
+        if line is None:
+            raise
+        raise exc.at_line(line) from None
 
 
 def parse_config(doc: dict[str, Any], path: Path) -> JobConfig:
@@ -228,6 +270,7 @@ def parse_config(doc: dict[str, Any], path: Path) -> JobConfig:
                 "a known section",
                 name,
                 raw=f"{path}: [{name}]: unknown section{hint}; known: " + ", ".join(sorted(known_sections)),
+                locate=name,
             )
 
     def section(name: str, required: bool = True) -> _Section:
