@@ -1,10 +1,15 @@
-"""One daemon per state directory: an exclusive ``flock`` on ``<state_dir>/gpu-watchdog.lock``.
+"""One daemon per state directory: an exclusive POSIX lock on ``<state_dir>/gpu-watchdog.lock``.
 
 Two daemons on one state directory would share the event store, the kill budget (two budgets of N
 kills an hour, each believing it is alone) and the alert outbox (every page twice). The lock is held
-for the daemon's life on an open file description; the kernel drops it when the process ends, however
-it ends, so a stale file never blocks a restart. The file holds the holder's pid, so the second
-daemon's error names it.
+for the daemon's life; the kernel drops it when the process ends, however it ends, so a stale file
+never blocks a restart. The file holds the holder's pid, so the second daemon's error names it.
+
+A POSIX record lock (``lockf``), not ``flock``: an ``flock`` belongs to the open file description, so
+a child forked while it is held (a capture, a kill hook, a library's helper) would keep holding it
+after the daemon released it or exited; a POSIX lock belongs to the process and is never inherited.
+Its one pitfall: closing *any* descriptor of the file in the process drops the lock, so nothing but
+this module opens the lock file.
 """
 
 from __future__ import annotations
@@ -73,14 +78,14 @@ def acquire(state_dir: Path, pid: int | None = None) -> StateLock | None:
             return None
         raise
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            os.close(fd)
+            raise
         holder = _holder(fd)
         os.close(fd)
         raise StateDirInUse(path, holder) from None
-    except OSError:
-        os.close(fd)
-        raise
     try:  # the pid is for the next one's message; no room to write it costs only that
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid() if pid is None else pid}\n".encode(), 0)
