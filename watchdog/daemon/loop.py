@@ -42,7 +42,7 @@ from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.samples import TelemetrySource
 from gpu_triage.model.snapshot import JobStatus, Snapshot
-from gpu_triage.model.states import Mode, Verdict
+from gpu_triage.model.states import ENDED_VERDICTS, Mode, Verdict
 from gpu_triage.serving.control import QueuedControl
 from gpu_triage.serving.publish import SnapshotHolder
 from gpu_triage.signals.nccl_ras.poller import RasConfig, RasPoller
@@ -558,7 +558,7 @@ class Daemon:
                 now,
                 j.job,
                 pids,
-                urgent=prev is not None and prev not in (Verdict.HEALTHY, Verdict.CHECKPOINT),
+                urgent=prev is not None and prev not in _CALM,
                 blind=not j.has_progress,
                 world_size=world,
             )
@@ -662,7 +662,8 @@ def detector_settings(config: Config) -> DetectorSettings:
     return DetectorSettings(**asdict(config.detector), **config.stacks.detector_settings())
 
 
-_CALM = (Verdict.HEALTHY, Verdict.CHECKPOINT)
+_CALM = frozenset({Verdict.HEALTHY, Verdict.CHECKPOINT, *ENDED_VERDICTS})
+"""Verdicts that need no urgent look (an ended job is not sampled in a hurry)."""
 
 
 def make_ras(config: Config) -> RasPoller:
