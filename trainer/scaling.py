@@ -78,7 +78,7 @@ def run_differences(runs: list[RunSummary]) -> list[str]:
     """How the runs differ in what makes their throughputs comparable (job, model, sequence length,
     micro-batch, tokens per step per GPU, dtype), one line per field; empty when they agree. A field a
     run did not record is not compared."""
-    out = []
+    out: list[str] = []
     if len(runs) < 2:
         return out
     for key in runs[0].comparable():
