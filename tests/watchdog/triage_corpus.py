@@ -37,6 +37,7 @@ WRITER = GpuBehaviour(0.20, 0.05, power_jitter_fraction=0.004, memory_used_fract
 BURST = GpuBehaviour(0.35, 1.0, power_jitter_fraction=0.01, memory_used_fraction=0.4)
 WRITER_BURST = GpuBehaviour(0.33, 0.3, power_jitter_fraction=0.01, memory_used_fraction=0.4)
 IDLE = GpuBehaviour(0.10, 0.0, power_jitter_fraction=0.002, memory_used_fraction=0.0)
+LOADING = GpuBehaviour(0.17, 0.02, power_jitter_fraction=0.002, memory_used_fraction=0.4)
 EDGE_SPIN = GpuBehaviour(0.29, 1.0, power_jitter_fraction=0.004, memory_used_fraction=0.4)
 
 
@@ -64,13 +65,24 @@ def _waits(rng: np.random.Generator, count: int, low_s: float, high_s: float) ->
 
 
 def every_step_phases(steps: int, seed: int = 0, writer: int = 0, burst_s: float = 0.5) -> list[Phase]:
-    """Training, then ``steps`` saves of 12-20 s (the last three longer, 30-45 s: saves grow, as on
-    the real recording) each followed by a compute burst of ``burst_s``; ``writer`` writes."""
+    """As the real every-step recording: a minute of start-up (memory held, no kernels), a first step,
+    then ``steps`` saves of 12-20 s (the last three longer, 30-45 s: saves grow, as on the real
+    recording) each followed by a compute burst of ``burst_s``; ``writer`` writes. No GPU ever reaches
+    the compute band: the bursts are all the progress there is."""
     rng = np.random.default_rng(seed)
     waits = _waits(rng, steps, 12.0, 20.0)
     for k in range(max(0, steps - 3), steps):
         waits[k] = float(rng.uniform(30.0, 45.0))
-    phases = [Phase("train", 60.0, TRAIN, step_rate_per_s=0.5)]
+    phases = [
+        Phase("startup", 60.0, LOADING, job_phase="init"),
+        Phase(
+            "step",
+            burst_s,
+            BURST,
+            step_rate_per_s=1.0 / burst_s,
+            overrides=((frozenset({writer}), WRITER_BURST),),
+        ),
+    ]
     for k, wait_s in enumerate(waits):
         phases.append(
             Phase(
@@ -149,11 +161,12 @@ def long_saves_then_hang() -> list[Phase]:
 
 
 def two_jobs_one_hung() -> list[Phase]:
-    """GPUs 0-3 checkpoint every step (writer GPU 0); GPUs 4-7 are another job, hung from 60 s."""
+    """GPUs 0-3 checkpoint every step (writer GPU 0); GPUs 4-7 are another job, hung from the first
+    save on (60.5 s)."""
     hung = frozenset({4, 5, 6, 7})
     phases = []
     for p in every_step_phases(25, seed=6):
-        overrides = p.overrides if p.name == "train" else (*p.overrides, (hung, SPIN))
+        overrides = p.overrides if p.name in ("startup", "step") else (*p.overrides, (hung, SPIN))
         phases.append(Phase(p.name, p.duration_s, p.default, p.job_phase, p.step_rate_per_s, overrides))
     return phases
 

@@ -133,13 +133,13 @@ class BurstTracker:
         self._remember(power_frac)
 
     def _bases(self, ext: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """Lowest finite power of the BASE_SAMPLES samples before each run start (``-inf`` if none:
-        a run right after a gap in the readings counts)."""
+        """Lowest finite power of the BASE_SAMPLES samples before each run start (``inf`` if none: a
+        run at the very start or right after a gap in the readings shows no rise, so it is no burst)."""
         windows = np.lib.stride_tricks.sliding_window_view(ext, BASE_SAMPLES)[starts]
         with np.errstate(all="ignore"):
             finite = np.where(np.isfinite(windows), windows, np.inf)
             low = finite.min(axis=1)
-        return np.where(np.isfinite(low), low, -np.inf)
+        return low
 
     def _remember(self, power_frac: np.ndarray) -> None:
         if len(power_frac) >= BASE_SAMPLES:
