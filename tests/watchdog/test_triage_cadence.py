@@ -174,9 +174,14 @@ def test_one_hung_job_beside_one_that_checkpoints_every_step(capsys, folder):
 
 
 @pytest.mark.parametrize("case", generated_cases(), ids=lambda c: c.name)
-def test_every_generated_case_meets_its_truth(folder, case):
+def test_every_generated_case_meets_its_truth_or_its_stated_limit(folder, case):
     result = _triage(case, folder)
     found = [(tuple(v["gpus"]), v["onset_s"]) for v in result.verdicts]
+    if case.limit:  # a hang triage is known to miss, by design: it must say why in the report instead
+        assert found == [], (case.name, found)
+        (last,) = [w for w in result.waits if w.ended_by == "open"]
+        assert last.kind == "open" and not last.out_of_line
+        return
     assert len(found) == len(case.hangs), (case.name, found)
     for hang in case.hangs:
         assert any(gpus == hang.gpus and abs(onset - hang.onset_s) < 2.0 for gpus, onset in found), found
