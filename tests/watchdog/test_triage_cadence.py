@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_triage.cli import main
+from gpu_triage.cli.main import main
 from gpu_triage.recordings.nvsmi_csv import read_recording
 from gpu_triage.triage.engine import TriageOptions, triage_file
 from tests.conftest import require_traces

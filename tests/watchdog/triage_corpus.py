@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu_triage.recordings.writer import write_nvsmi_csv
+from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
 from gpu_triage.telemetry.sim import GpuBehaviour, Phase, Scenario
 
 TRAIN = GpuBehaviour(0.78, 0.92, power_jitter_fraction=0.01, util_jitter=0.02, memory_used_fraction=0.4)

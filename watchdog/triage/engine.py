@@ -19,9 +19,10 @@ import numpy as np
 
 from gpu_triage.classify.bands import CODE
 from gpu_triage.classify.hysteresis import Carry, classify_series
+from gpu_triage.classify.power_table import PowerTable, TableError
+from gpu_triage.classify.table_files import match_model, resolve_table
+from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError, RecordingHeader
-from gpu_triage.states import GPU_STATES, GpuState
-from gpu_triage.tables import PowerTable, TableError, match_model, resolve_table
 from gpu_triage.triage.bursts import Bursts, BurstTracker
 from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, Cadence, Wait, analyse
 
@@ -306,8 +307,8 @@ def triage_file(
             since = np.array([s[0] for s in tr.switches])
             codes = np.array([CODE[s[2]] for s in tr.switches], dtype=np.int8)
             idx = np.searchsorted(since, t, side="right") - 1
-            state = codes[np.clip(idx, 0, None)] if len(codes) else np.zeros(len(t), np.int8)
-            plot.append((t, p, state, u))
+            state_codes = codes[np.clip(idx, 0, None)] if len(codes) else np.zeros(len(t), np.int8)
+            plot.append((t, p, state_codes, u))
     return TriageResult(
         file=path,
         model=model,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpu_triage.states import GPU_STATES
+from gpu_triage.model.states import GPU_STATES
 from gpu_triage.triage.deadlock_rule import CADENCE_FACTOR
 from gpu_triage.triage.engine import TriageResult
 
@@ -84,9 +84,9 @@ def render(result: TriageResult) -> str:
     total = sum(r.states_s.values()) or 1.0
     lines.append("  time in each state (GPU-seconds):")
     for s in GPU_STATES:
-        v = r.states_s[str(s)]
-        if v > 0:
-            lines.append(f"    {s!s:<24} {v:>12,.1f}  {100 * v / total:5.1f} %")
+        seconds = r.states_s[str(s)]
+        if seconds > 0:
+            lines.append(f"    {s!s:<24} {seconds:>12,.1f}  {100 * seconds / total:5.1f} %")
     cols = [s for s in GPU_STATES if r.states_s[str(s)] > 0]
     lines.append("  per GPU (% of its time): " + "  ".join(f"{_SHORT[str(s)]:>8}" for s in cols))
     for g, d in enumerate(r.per_gpu_states_s):
