@@ -5,16 +5,15 @@ spinning in a collective. A save and a hang look the same on the waiting GPUs fo
 lasts, so this rule never proves a hang; it says when a wait is *out of line with what the recording
 itself shows*, with its evidence, and calls that a suspected deadlock.
 
-1. **Groups.** GPUs whose ``checkpoint_or_deadlock`` intervals (the classifier's, with hysteresis)
-   began within ``entry_window_s`` of each other and ended within it of each other (or all run to the
-   end of the recording) form a group: one job's waiting GPUs. A node can run two jobs, and one may
-   hang while the other saves.
-2. **Waits.** A group's common interval is cut at every *group burst*: a compute burst
-   (:mod:`gpu_triage.triage.bursts`, raw samples) seen on at least half of the group's GPUs within
-   ``COINCIDENCE_S`` of each other. A training step runs on every rank, and a deadlocked GPU draws a
-   flat spin, so a burst is progress - even one of well under a second, which the hysteresis swallows.
-   Each piece is a *wait*, ended by ``progress`` (a burst, or the GPUs went back to work), by leaving
-   the band without working (``left_band``: idle, the job gone), or ``open`` (the recording ends).
+1. **Bursts are progress.** Each GPU's ``checkpoint_or_deadlock`` intervals (the classifier's, with
+   hysteresis) are cut at the GPU's own compute bursts (:mod:`gpu_triage.triage.bursts`, raw
+   samples): a training step, even one of well under a second that the hysteresis swallows. A
+   deadlocked GPU draws a flat spin.
+2. **Groups and waits.** Pieces of different GPUs that began within ``entry_window_s`` of each other
+   and ended within it of each other (or all run to the end of the recording) are one group's *wait*:
+   one job's waiting GPUs (a node can run two jobs, and one may hang while the other steps). A wait
+   ends in ``progress`` (at least half of its GPUs burst or went back to work), by leaving the band
+   without working (``left_band``: idle, the job gone), or is ``open`` (the recording ends).
 3. **Cadence.** Waits that ended in progress are what the job survived: its save cadence. A wait is
    compared with the earlier such waits of GPUs it shares at least half of its GPUs with; it is
    *out of line* when it lasts longer than ``CADENCE_FACTOR`` times the longest of them.
@@ -49,7 +48,7 @@ CADENCE_FACTOR = 2.0
 job vary (they grow as optimizer state fills, storage is shared); twice the longest leaves room for
 that and still flags a hang long before a fixed multi-minute rule would on a job with short saves."""
 COINCIDENCE_S = 1.0
-"""Bursts of different GPUs this close belong to the same step."""
+"""A burst this close to a wait's start or end belongs to the step that starts or ends it."""
 WRITER_LOW_SHARE = 0.5
 """A writer sits at low utilisation for at least this share of the wait (checked up to the rule's
 duration)."""
