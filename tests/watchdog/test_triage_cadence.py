@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from gpu_triage.cli.main import main
 from gpu_triage.recordings.nvsmi_csv import read_recording
 from gpu_triage.triage.engine import TriageOptions, triage_file
-from tests.conftest import require_traces
+from tests.conftest import TRACES, require_traces
 from tests.watchdog.triage_corpus import REAL, Case, generated_cases, labels_of, real_cases
 
 GENERATED = {c.name: c for c in generated_cases()}
@@ -197,9 +197,14 @@ def test_chunked_gives_the_same_waits_as_whole(folder):
 # -- the real traces ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(REAL))
+#: Every real recording present (a new one without an entry in REAL fails until it gets one).
+REAL_NAMES = sorted({p.name for p in TRACES.glob("*.csv") if not p.name.endswith(".labels.csv")} | set(REAL))
+
+
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_real_traces_have_no_suspected_deadlock_and_their_labelled_waits_are_checkpoints(name):
     (case,) = [c for c in real_cases(require_traces()) if c.name == f"real:{name}"]
+    assert name in REAL, f"{name}: add its GPU count and power limit to triage_corpus.REAL"
     result = triage_file(case.build(Path(".")), TriageOptions(**case.options))  # type: ignore[arg-type]
     assert result.verdicts == []
     assert all(w.kind != "suspected_deadlock" for w in result.waits)
