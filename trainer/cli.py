@@ -106,8 +106,8 @@ def _add_pretokenize(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 
 def _run_pretokenize(args: argparse.Namespace) -> int:
-    from ft_trainer.pretokenize import PretokenizeOptions, pretokenize
-    from ft_trainer.sources import SourceError
+    from ft_trainer.data.pretokenize import PretokenizeOptions, pretokenize
+    from ft_trainer.data.sources import SourceError
 
     cfg = None
     if args.config:
@@ -250,7 +250,7 @@ def _add_bench_data(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _run_bench_data(args: argparse.Namespace) -> int:
-    from ft_trainer.bench_data import bench_mode, verdict
+    from ft_trainer.data.bench_data import bench_mode, verdict
 
     cfg = _load(args.config)
     if cfg is None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ft_trainer.presets import PRESETS, ModelSpec, from_hf_config
+from ft_trainer.planning.presets import PRESETS, ModelSpec, from_hf_config
 
 __all__ = [
     "RESERVED_SECTIONS",

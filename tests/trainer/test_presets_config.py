@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ft_trainer.config import ConfigError, load_config
-from ft_trainer.presets import PRESETS, count_params, from_hf_config, get_preset
-from ft_trainer.tokenization import load_tokenizer
+from ft_trainer.data.tokenization import load_tokenizer
+from ft_trainer.planning.presets import PRESETS, count_params, from_hf_config, get_preset
 from tests.trainer.conftest import JobWriter
 
 

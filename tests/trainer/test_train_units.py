@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ft_trainer.checkpoint import (
+from ft_trainer.config import ConfigError, load_config
+from ft_trainer.planning.estimates import checkpoint_bytes
+from ft_trainer.planning.presets import PRESETS
+from ft_trainer.train.checkpoint import (
     COMPLETE_FILE,
     LATEST_FILE,
     CheckpointInfo,
@@ -29,14 +32,11 @@ from ft_trainer.checkpoint import (
     tag_for_step,
     write_latest,
 )
-from ft_trainer.config import ConfigError, load_config
-from ft_trainer.ds_config import build_ds_config, deep_merge, load_override, optimizer_impl
-from ft_trainer.estimates import checkpoint_bytes
-from ft_trainer.model import check_weights_match_preset, resolve_init
-from ft_trainer.presets import PRESETS
-from ft_trainer.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, mfu, read_metrics
+from ft_trainer.train.ds_config import build_ds_config, deep_merge, load_override, optimizer_impl
+from ft_trainer.train.model import check_weights_match_preset, resolve_init
 from ft_trainer.train.schedule import LrSchedule, lr_at, total_optimizer_steps
 from ft_trainer.train.settings import train_settings
+from ft_trainer.train.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, mfu, read_metrics
 from tests.trainer.conftest import JobWriter
 
 REPO = Path(__file__).resolve().parents[2]

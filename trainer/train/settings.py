@@ -298,7 +298,7 @@ def train_settings(cfg: JobConfig) -> Settings:
     )
     m.finish()
     if metrics.gpu_model is not None:
-        from ft_trainer.throughput import PEAK_BF16_DENSE_FLOPS
+        from ft_trainer.train.throughput import PEAK_BF16_DENSE_FLOPS
 
         if metrics.gpu_model.upper() not in PEAK_BF16_DENSE_FLOPS:
             raise ConfigError(

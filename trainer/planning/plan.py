@@ -15,7 +15,8 @@ Algorithm (documented in docs/trainer.md, "Packing"):
    one micro-batch; a leftover of fewer blocks is dropped. Documents may cross block boundaries.
 4. **Equalize.** Local counts still differ by a block or so between ranks - the epoch-end deadlock. With
    equalize on, every rank runs ``min_r(count_r)`` rounded down to a multiple of ``grad_accum`` (the same
-   arithmetic :func:`ft_trainer.equalize.equalized_count` applies after ``all_reduce(MIN)`` at run time).
+   arithmetic :func:`ft_trainer.planning.equalize.equalized_count` applies after ``all_reduce(MIN)`` at
+   run time).
    With equalize off (tests and the demo only), each rank runs its own count rounded down to whole
    optimizer steps, and unequal counts are exactly what the gate refuses.
 
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ft_trainer.equalize import equalized_count, whole_steps
+from ft_trainer.planning.equalize import equalized_count, whole_steps
 
 if TYPE_CHECKING:
     from ft_trainer.config import JobConfig
