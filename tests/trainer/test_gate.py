@@ -308,7 +308,8 @@ def test_bad_config_exits_2_naming_file_and_key(
     assert rc == 2
     rep = json.loads(cap.out)
     assert rep["ok"] is False and rep["invariants"][0]["name"] == "config"
-    assert f"{job}: data.micro_batch: expected an integer >= 1, got -1" in cap.err
+    line = job.read_text().splitlines().index("micro_batch = -1") + 1
+    assert f"{job}:{line}: data.micro_batch: expected an integer >= 1, got -1" in cap.err
 
 
 def test_gate_process_imports_neither_torch_nor_deepspeed(write_job: JobWriter) -> None:

@@ -63,7 +63,7 @@ def check_weights_match_preset(spec: ModelSpec, weights: Path, job_file: Path) -
             "train.weights",
             "a local model directory with config.json",
             str(weights),
-            raw=f"{job_file}: train.weights: {exc}",
+            message=str(exc),
         ) from None
     diffs = [
         f"{name}: preset {getattr(spec, name)}, weights {getattr(theirs, name)}"
@@ -76,7 +76,7 @@ def check_weights_match_preset(spec: ModelSpec, weights: Path, job_file: Path) -
             "train.weights",
             f"weights of the {spec.name} architecture",
             str(weights),
-            raw=f"{job_file}: train.weights: {weights} is not a {spec.name}: " + "; ".join(diffs),
+            message=f"{weights} is not a {spec.name}: " + "; ".join(diffs),
         )
 
 
