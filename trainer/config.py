@@ -18,10 +18,13 @@ import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ft_trainer.planning.presets import PRESETS, ModelSpec, from_hf_config
 from gpu_triage.model.config_schema import MISSING, Problem, Reader, SchemaError, derived, setting, show
+
+if TYPE_CHECKING:
+    from ft_trainer.planning.plan import PackingParams
 
 __all__ = [
     "RESERVED_SECTIONS",
@@ -179,6 +182,19 @@ class JobConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.data.seq_len
+
+    def packing_params(self) -> PackingParams:
+        """The plan's parameters training and the gate both use (one place, so they cannot drift)."""
+        from ft_trainer.planning.plan import PackingParams  # numpy: only when a plan is wanted
+
+        return PackingParams(
+            seq_len=self.data.seq_len,
+            micro_batch=self.data.micro_batch,
+            grad_accum=self.data.grad_accum,
+            world_size=self.cluster.world_size,
+            seed=self.seed,
+            equalize=self.data.equalize,
+        )
 
     def reader(self) -> Reader:
         """A :class:`Reader` for more of this file (the reserved sections), lines and paths as here."""

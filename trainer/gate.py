@@ -3,7 +3,7 @@ this), so it runs on a login node in well under a second for a billion-token cor
 
 Each invariant is a function returning ``(ok, detail)``; a failing detail says what is wrong, with the
 numbers, and how to fix it. The plan is computed by :func:`ft_trainer.planning.plan.build_epoch_plan`
-from the cache's document index with :meth:`ft_trainer.planning.plan.PackingParams.from_config` - the
+from the cache's document index with :meth:`ft_trainer.config.JobConfig.packing_params` - the
 very calls ``JobData`` makes at training time, so the gate judges the plan that will run.
 """
 
@@ -25,7 +25,7 @@ from ft_trainer.config import JobConfig
 from ft_trainer.data.cache import CacheError, CacheIndex, check_cache
 from ft_trainer.planning.cluster import HostfileError, check_cluster, load_hosts
 from ft_trainer.planning.estimates import GIB, checkpoint_bytes, zero3_memory
-from ft_trainer.planning.plan import EpochPlan, PackingParams, build_epoch_plan, plan_fingerprint
+from ft_trainer.planning.plan import EpochPlan, build_epoch_plan, plan_fingerprint
 
 __all__ = ["GateReport", "Invariant", "equal_steps_verdict", "run_gate"]
 
@@ -416,7 +416,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
                 False,
                 "skipped: the cache is not sound (see cache_integrity), so the plan cannot be trusted",
             )
-        params = PackingParams.from_config(cfg)
+        params = cfg.packing_params()
         plans = [build_epoch_plan(index.doc_lengths, params, e) for e in range(cfg.epochs)]
         state["fingerprint"] = plan_fingerprint(plans)
         return equal_steps_verdict(plans)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ft_trainer.config import JobConfig
 from ft_trainer.data.cache import CacheError, CacheIndex, CacheTokens
-from ft_trainer.planning.plan import EpochPlan, PackingParams, build_epoch_plan
+from ft_trainer.planning.plan import EpochPlan, build_epoch_plan
 
 __all__ = ["DocSource", "JobData", "RankStream", "StreamTokens"]
 
@@ -158,7 +158,7 @@ class JobData:
         self.cfg = cfg
         self.index = index
         self.mode = mode or cfg.data.mode
-        self.params = PackingParams.from_config(cfg)
+        self.params = cfg.packing_params()
         self._source: DocSource | None = None
         self._plans: dict[int, EpochPlan] = {}
 
