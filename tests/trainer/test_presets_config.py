@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ft_trainer.config import ConfigError, load_config
 from ft_trainer.data.tokenization import load_tokenizer
@@ -185,3 +187,40 @@ def test_example_job_files_load() -> None:
     for path in examples:
         cfg = load_config(path)
         assert cfg.global_batch == cfg.data.global_batch or cfg.data.global_batch is None
+
+
+JOB_TEXT = """[job]
+name = "f"
+epochs = 2
+[model]
+preset = "tiny-qwen3"
+[data]
+cache_dir = "c"
+seq_len = 32
+[cluster]
+nodes = 1
+[checkpoint]
+dir = "k"
+[zero]
+offload_param = "cpu"
+[train]
+lr = 1
+"""
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, len(JOB_TEXT) - 1), st.integers(0, 8), st.text(max_size=6))
+def test_a_mangled_job_file_gives_a_config_or_a_config_error(
+    tmp_path: Path, at: int, cut: int, insert: str
+) -> None:
+    """Hostile input: any edit of a valid file ends in a JobConfig or a ConfigError (never another
+    exception), and every line a problem names is in the file."""
+    text = JOB_TEXT[:at] + insert + JOB_TEXT[at + cut :]
+    job = tmp_path / "job.toml"
+    job.write_text(text, encoding="utf-8", errors="surrogatepass")
+    try:
+        load_config(job)
+    except ConfigError as exc:
+        assert exc.problems
+        for problem in exc.problems:
+            assert problem.line is None or 1 <= problem.line <= len(text.splitlines())
