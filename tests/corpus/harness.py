@@ -27,17 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ft_trainer.progress import ProgressWriter
-from gpu_triage.actions.alerts import condition_for
 from gpu_triage.actions.engine import ActionEngine
+from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.alerts.model import condition_for
 from gpu_triage.classify.tracker import GpuTracker
-from gpu_triage.daemon.config import ActionsConfig, AlertsConfig
-from gpu_triage.daemon.control import SilenceBook
+from gpu_triage.config.settings import ActionsConfig, AlertsConfig
 from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.states import KILL_WORTHY_VERDICTS, Mode, Verdict
 from gpu_triage.signals.processes import RankProcess
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.signals.stacks.dumps import Frame, RankStack, StackSummary, ThreadStack, classify
-from gpu_triage.telemetry.types import GpuSample
 from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView
 from gpu_triage.verdicts.fusion import job_views
 

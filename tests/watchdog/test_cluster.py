@@ -18,11 +18,11 @@ from fastapi import FastAPI
 
 from gpu_triage.cli.cluster import Fetched, analyse, base_url, render
 from gpu_triage.cli.main import main
-from gpu_triage.daemon.publish import SnapshotHolder
 from gpu_triage.model.snapshot import JobStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.api import create_app, status_document
 from gpu_triage.serving.http_server import HttpServer
+from gpu_triage.serving.publish import SnapshotHolder
 from tests.watchdog.snapshots import gpu_status, rank_status
 
 JOB = "qwen3-32b-ft"

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from ft_trainer.progress import ProgressWriter
-from gpu_triage.daemon.config import load_config, override
+from gpu_triage.config.settings import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.telemetry.nvml import NvmlSource
@@ -142,7 +142,7 @@ def write_config(path: Path, state: Path, progress: Path, port: int, mode: str =
 
 @pytest.mark.slow
 def test_run_replays_a_recording_reloads_on_sighup_and_stops_on_sigterm(tmp_path: Path):
-    from gpu_triage.recordings.writer import write_nvsmi_csv
+    from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
     from gpu_triage.telemetry.sim import Scenario
 
     rec = tmp_path / "hang.csv"
@@ -294,7 +294,7 @@ def _gpu_states(url: str) -> set[str] | None:
 @pytest.mark.slow
 def test_cluster_names_the_node_that_entered_the_spin_band_first(tmp_path: Path):
     """Two real daemons replaying different recordings: node-b's GPUs hang 15 s after node-a's."""
-    from gpu_triage.recordings.writer import write_nvsmi_csv
+    from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
     from gpu_triage.telemetry.sim import Scenario
 
     procs, urls = [], []

@@ -34,12 +34,12 @@ import httpx
 import pytest
 import yaml
 
-from gpu_triage.daemon.publish import SnapshotHolder
 from gpu_triage.model.snapshot import JobStatus, Snapshot
 from gpu_triage.model.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
 from gpu_triage.serving.api import create_app
 from gpu_triage.serving.http_server import HttpServer
 from gpu_triage.serving.metrics import METRIC_NAMES
+from gpu_triage.serving.publish import SnapshotHolder
 from tests.conftest import REPO, require_binary
 from tests.watchdog.snapshots import gpu_status, rank_status
 

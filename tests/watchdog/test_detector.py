@@ -286,7 +286,7 @@ def test_daemon_config_mirrors_the_detector_config():
     """[detector] in the TOML config is the detector's own config, key for key, default for default."""
     import dataclasses
 
-    from gpu_triage.daemon import config
+    from gpu_triage.config import settings as config
 
     ours = {f.name: f.default for f in dataclasses.fields(DetectorConfig)}
     theirs = {f.name: f.default for f in dataclasses.fields(config.DetectorConfig)}

@@ -18,17 +18,18 @@ import httpx
 import pytest
 
 from gpu_triage.actions.delivery import post_json
-from gpu_triage.classify.power_table import TableError, load_table_file
-from gpu_triage.daemon.config import ConfigError, load_config, load_secret, override
+from gpu_triage.classify.power_table import TableError
+from gpu_triage.classify.table_files import load_table_file
+from gpu_triage.config.settings import ConfigError, load_config, load_secret, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.samples import TelemetryUnavailable
 from gpu_triage.model.states import Verdict
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
 from gpu_triage.serving.metrics import make_registry, render
 from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
 from gpu_triage.telemetry.factory import make_source
 from gpu_triage.telemetry.none import NoneSource
-from gpu_triage.telemetry.types import TelemetryUnavailable
 from gpu_triage.triage.engine import TriageInputError, TriageOptions, triage_file
 from gpu_triage.verdicts.detector import Detector
 from tests.conftest import REPO

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_triage.actions.runbook import DEFAULT_RUNBOOK_BASE, BadRunbookBase, check_base, link, rule_links
 from gpu_triage.cli.main import main
 from gpu_triage.cli.ops import check_config
+from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE, BadRunbookBase, check_base, link, rule_links
 from tests.conftest import REPO
 
 RULES = REPO / "deploy" / "prometheus" / "gpu-watchdog.rules.yml"

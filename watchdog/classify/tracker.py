@@ -1,7 +1,7 @@
 """Per-GPU classification in the daemon: the right table for each GPU, its classifier, its counters.
 
 Pure apart from the samples handed in: a :class:`GpuTracker` turns one cycle's
-:class:`~gpu_triage.telemetry.types.GpuSample` list into state changes and the
+:class:`~gpu_triage.model.samples.GpuSample` list into state changes and the
 :class:`~gpu_triage.model.snapshot.GpuStatus` rows of the snapshot.
 """
 
@@ -13,15 +13,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpu_triage.classify.hysteresis import GpuClassifier
-from gpu_triage.classify.power_table import PowerTable, resolve_table
+from gpu_triage.classify.power_table import PowerTable
+from gpu_triage.classify.table_files import resolve_table
+from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.snapshot import GpuStatus
 from gpu_triage.model.states import GpuState
-from gpu_triage.telemetry.types import GpuSample
 
 
 def _edge(table: PowerTable, state: GpuState, key: str, limit_w: float | None) -> float | None:
     """A band edge in watts (None without a limit or for an open edge)."""
-    fraction = getattr(table.bands[state], key)
+    fraction = float(getattr(table.bands[state], key))
     if not limit_w or not math.isfinite(fraction):
         return None
     return fraction * limit_w

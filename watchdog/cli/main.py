@@ -337,7 +337,8 @@ def _triage_with_progress(path: str, opts, show: bool):
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
-    from gpu_triage.classify.power_table import TableError, all_tables, builtin_table
+    from gpu_triage.classify.power_table import TableError
+    from gpu_triage.classify.table_files import all_tables, builtin_table
     from gpu_triage.classify.table_render import render_tables
 
     try:

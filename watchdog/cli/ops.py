@@ -6,7 +6,7 @@ and exits 0 ("ok") or 2 with one line per problem naming the file and the key. R
 restart: a bad file then never takes a node's watchdog down.
 
 ``gpu-watchdog render-rules RULES`` rewrites every ``runbook_url`` of a rule file to the configured
-absolute base (``alerts.runbook_url``, or ``--runbook-base``); see :mod:`gpu_triage.actions.runbook`.
+absolute base (``alerts.runbook_url``, or ``--runbook-base``); see :mod:`gpu_triage.model.runbook`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ Check the result with `promtool check rules FILE`. Exit status: 0 written, 2 bad
 """
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``check-config`` and ``render-rules`` on the ``gpu-watchdog`` sub-parsers."""
     c = sub.add_parser(
         "check-config",
@@ -72,7 +72,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list[str]]:
     """``(exit code, lines)`` for ``check-config`` (pure apart from reading the files)."""
-    from gpu_triage.daemon.config import (
+    from gpu_triage.config.settings import (
         ConfigError,
         load_config,
         load_secret,
@@ -117,8 +117,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_render_rules(args: argparse.Namespace) -> int:
-    from gpu_triage.actions.runbook import DEFAULT_RUNBOOK_BASE, BadRunbookBase, render_rules
-    from gpu_triage.daemon.config import ConfigError, load_config, resolve_config_path
+    from gpu_triage.config.settings import ConfigError, load_config, resolve_config_path
+    from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE, BadRunbookBase, render_rules
 
     def fail(message: str) -> int:
         print(f"gpu-watchdog render-rules: {message}", file=sys.stderr)

@@ -26,21 +26,21 @@ from typing import Any
 
 from gpu_triage import __version__
 from gpu_triage.classify.tracker import GpuTracker
-from gpu_triage.daemon.config import Config, load_config, load_token, override
-from gpu_triage.daemon.control import QueuedControl
-from gpu_triage.daemon.publish import SnapshotHolder
+from gpu_triage.config.settings import Config, load_config, load_token, override
 from gpu_triage.daemon.sdnotify import SdNotifier
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
+from gpu_triage.model.samples import TelemetrySource
 from gpu_triage.model.snapshot import JobStatus, Snapshot
 from gpu_triage.model.states import Mode, Verdict
+from gpu_triage.serving.control import QueuedControl
+from gpu_triage.serving.publish import SnapshotHolder
 from gpu_triage.signals.nccl_ras.poller import RasConfig, RasPoller
 from gpu_triage.signals.pods import PodResolver
 from gpu_triage.signals.processes import ProcessInspector, ProgressClaim
 from gpu_triage.signals.progress import ProgressReader, ProgressView
 from gpu_triage.signals.stacks.dumps import StackPhase
 from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
-from gpu_triage.telemetry.types import TelemetrySource
 from gpu_triage.verdicts.detector import Detector, GpuView, JobView
 from gpu_triage.verdicts.detector import DetectorConfig as DetectorSettings
 from gpu_triage.verdicts.fusion import job_views
@@ -594,8 +594,9 @@ class Daemon:
 def validate_classifier(config: Config) -> None:
     """The table file or model the config names must load now (ConfigError naming the key), rather
     than raise in every cycle once a GPU is seen."""
-    from gpu_triage.classify.power_table import TableError, resolve_table
-    from gpu_triage.daemon.config import ConfigError
+    from gpu_triage.classify.power_table import TableError
+    from gpu_triage.classify.table_files import resolve_table
+    from gpu_triage.config.settings import ConfigError
 
     c = config.classifier
     try:

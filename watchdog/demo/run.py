@@ -9,10 +9,10 @@ simulated job of 8 real rank processes writing real progress files. State lives 
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 BANNER = """\
@@ -27,30 +27,26 @@ gpu-watchdog {mode_line}
 
 def main(*, state_dir: str, port: int, sim_skip_s: float = 0.0) -> int:
     """``sim_skip_s`` starts the scenario that far into its timeline (tests: reach the deadlock sooner)."""
-    from gpu_triage.cli.run import run_daemon
+    from gpu_triage.daemon.runner import RunOptions, run_daemon
     from gpu_triage.demo import simjob
     from gpu_triage.telemetry.nvml import nvml_available
 
     state = Path(state_dir).resolve()
     progress = state / "progress"
     progress.mkdir(parents=True, exist_ok=True)
-    args = argparse.Namespace(
-        config=None,
-        listen=f"127.0.0.1:{port}",
-        state_dir=str(state / "daemon"),
-        progress_dir=str(progress),
-        mode=None,
-        summary=True,
-        sim_start=None,
-        period=None,
-    )
     job = None
+    options = RunOptions(
+        listen=f"127.0.0.1:{port}",
+        state_dir=state / "daemon",
+        progress_dir=progress,
+        summary=True,
+    )
     if nvml_available():
-        args.source = "nvml"
+        options = replace(options, source="nvml")
         mode_line = "watching this machine's GPUs through NVML (--source nvml)"
     else:
         start = time.time() + 1.0 - sim_skip_s
-        args.source, args.period, args.sim_start = "sim", 0.1, start
+        options = replace(options, source="sim", period_s=0.1, sim_start_s=start)
         mode_line = (
             "found no NVIDIA driver here, so it runs the built-in SIMULATION (--source sim): one node of\n"
             "  the reference job, 8 B300 at 10 Hz - training, a checkpoint save, a short data stall, then\n"
@@ -61,7 +57,7 @@ def main(*, state_dir: str, port: int, sim_skip_s: float = 0.0) -> int:
         job = simjob.start(progress, start, scratch_dir=state / "scratch")
     print(BANNER.format(mode_line=mode_line, port=port, state=state), flush=True)
     try:
-        return run_daemon(args)
+        return run_daemon(options)
     finally:
         if job is not None and job.poll() is None:
             try:

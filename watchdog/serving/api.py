@@ -35,18 +35,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpu_triage import __version__
-from gpu_triage.daemon.control import (
-    MAX_COMMENT_CHARS,
-    MAX_SILENCE_S,
-    Control,
-    ControlRefused,
-    EventsReader,
-    SilenceBook,
-)
-from gpu_triage.daemon.publish import SnapshotHolder
+from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, SilenceBook
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
+from gpu_triage.serving.control import Control, ControlRefused, EventsReader
 from gpu_triage.serving.metrics import make_registry, render
+from gpu_triage.serving.publish import SnapshotHolder
 
 MAX_BODY_BYTES = 64 * 1024
 #: Health: the last cycle must be younger than this many periods, and never less than MIN_STALE_S.

@@ -34,9 +34,9 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from gpu_triage.daemon.publish import SnapshotHolder
 from gpu_triage.model.snapshot import GpuStatus, Snapshot
 from gpu_triage.model.states import GPU_STATES, VERDICTS, Mode
+from gpu_triage.serving.publish import SnapshotHolder
 
 PREFIX = "gpu_watchdog_"
 GPU_LABELS = ("gpu", "UUID", "Hostname")

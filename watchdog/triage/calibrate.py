@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import tomli_w
 
-from gpu_triage.classify.power_table import BAND_ORDER, PowerTable, TableError, parse_table, resolve_table
+from gpu_triage.classify.power_table import BAND_ORDER, PowerTable, TableError
+from gpu_triage.classify.table_files import parse_table, resolve_table
 from gpu_triage.model.states import GpuState
 from gpu_triage.recordings.nvsmi_csv import RecordingError, read_recording
 

@@ -19,7 +19,7 @@ cell's digits computed with integer arithmetic, padding masked out - so a day of
 
 Run as a script to write a recording::
 
-    python -m gpu_triage.recordings.writer out.csv --scenario reference-b300 --duration 600
+    python -m gpu_triage.telemetry.recording_writer out.csv --scenario reference-b300 --duration 600
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def write_nvsmi_csv(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpu_triage.recordings.writer",
+        prog="python -m gpu_triage.telemetry.recording_writer",
         description="Write a simulated scenario as an nvidia-smi CSV recording.",
     )
     parser.add_argument("output", type=Path)
