@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 
 from gpu_triage.contract import ProgressWriter
 
@@ -76,7 +77,7 @@ def run_rank(args: argparse.Namespace) -> int:
 def launch(args: argparse.Namespace) -> int:
     """The launcher: one child process per rank, in a new process group; waits, forwards SIGTERM."""
     env_base = dict(os.environ)
-    children = []
+    children: list[subprocess.Popen[bytes]] = []
     for rank in range(args.ranks):
         env = dict(
             env_base,
@@ -108,7 +109,7 @@ def launch(args: argparse.Namespace) -> int:
             cmd += ["--scratch-dir", str(args.scratch_dir)]
         children.append(subprocess.Popen(cmd, env=env))
 
-    def forward(signum, _frame):
+    def forward(signum: int, _frame: FrameType | None) -> None:
         for c in children:
             if c.poll() is None:
                 c.send_signal(signum)
