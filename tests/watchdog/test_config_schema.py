@@ -235,3 +235,41 @@ def test_any_table_gives_a_value_or_problems_never_an_exception(table: dict) -> 
     reader = Reader("fuzz.toml")
     section = reader.read(Section, table, "svc")
     assert (section is None) == bool(reader.problems)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sink:
+    kind: Literal["webhook", "slack"] = setting()
+    url: str = setting(nonempty=True)
+    timeout_s: float = setting(5.0, gt=0, le=60)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Alerts:
+    sinks: tuple[Sink, ...] = ()
+
+
+def test_arrays_of_tables_report_each_entry_at_its_own_lines(tmp_path: Path) -> None:
+    """The shape of the daemon's ``[[alerts.sinks]]``: a tuple of dataclasses, each entry's problems
+    at that entry's lines, keyed ``alerts.sinks[i].key``."""
+    text = (
+        "[alerts]\n"  # 1
+        "[[alerts.sinks]]\n"  # 2
+        'kind = "webhook"\n'  # 3
+        'url = "http://a"\n'  # 4
+        "[[alerts.sinks]]\n"  # 5
+        'kind = "pager"\n'  # 6
+        'url = "http://b"\n'  # 7
+        "timeout_s = 0\n"  # 8
+    )
+    reader = Reader(tmp_path / "c.toml", text)
+    assert reader.read(Alerts, tomllib.loads(text)["alerts"], "alerts") is None
+    assert [(p.line, p.key, p.message) for p in reader.problems] == [
+        (6, "alerts.sinks[1].kind", 'expected one of webhook, slack, got "pager"'),
+        (8, "alerts.sinks[1].timeout_s", "expected a number > 0 and <= 60, got 0"),
+    ]
+    good = text.replace('"pager"', '"slack"').replace("timeout_s = 0", "timeout_s = 2")
+    reader = Reader(tmp_path / "c.toml", good)
+    assert reader.read(Alerts, tomllib.loads(good)["alerts"], "alerts") == Alerts(
+        sinks=(Sink(kind="webhook", url="http://a"), Sink(kind="slack", url="http://b", timeout_s=2.0))
+    )
