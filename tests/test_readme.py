@@ -29,7 +29,7 @@ BIN = Path(sys.executable).parent
 #: What each command must answer (exit code, text in its output).
 EXPECTED = {
     "gpu-watchdog triage": ({1}, "deadlock"),  # the recording below hangs: exit 1 is its verdict
-    "python -m ft_trainer.testing prepare": ({0}, "cache:"),
+    "python -m ft_trainer.devtools.testing prepare": ({0}, "cache:"),
     "ft-trainer gate --config deploy/examples/tiny-cpu.toml": ({0}, "gate: PASS"),
     "ft-trainer gate --config deploy/examples/qwen3-32b-2x8.toml": ({2}, "SKIP  equal_steps_per_rank"),
 }

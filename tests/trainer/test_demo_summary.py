@@ -3,7 +3,7 @@ before the detection it follows was a polling artefact read as the story)."""
 
 from __future__ import annotations
 
-from ft_trainer.demo import TIMELINE_LABELS, timeline_rows
+from ft_trainer.devtools.demo import TIMELINE_LABELS, timeline_rows
 
 
 def test_the_summary_orders_milestones_by_time_and_puts_the_missing_last() -> None:

@@ -171,8 +171,8 @@ def test_unknown_keys_and_sections_suggest_the_right_one(tmp_path: Path) -> None
 
 
 def test_a_typo_is_named_with_its_line_even_in_sinks_and_after_multiline_strings(tmp_path: Path) -> None:
-    """tomllib gives no line numbers: the key's line comes from scanning the text (key_lines)."""
-    from gpu_triage.config.settings import key_lines
+    """tomllib gives no line numbers: the key's line comes from scanning the text (TomlLines)."""
+    from gpu_triage.model.config_schema import TomlLines
 
     body = (
         "# comment\n"
@@ -190,9 +190,9 @@ def test_a_typo_is_named_with_its_line_even_in_sinks_and_after_multiline_strings
         'urll = "http://127.0.0.1:2/"\n'
     )
     path = write(tmp_path, body)
-    lines = key_lines(body)
-    assert lines["daemon.node"] == 3 and "daemon.mode" not in lines  # inside the string
-    assert lines["alerts.sinks[1].urll"] == 13 and lines["alerts.sinks[0].url"] == 10
+    lines = TomlLines(body)
+    assert lines.line("daemon.node") == 3 and lines.line("daemon.mode") == 2  # in the string: not a key
+    assert lines.line("alerts.sinks[1].urll") == 13 and lines.line("alerts.sinks[0].url") == 10
     found = problems(path)
     assert f"{path}:7: actions.mdoe: unknown key (did you mean 'mode'?)" in found
     assert any(p.startswith(f"{path}:13: alerts.sinks[1].urll: unknown key") for p in found), found

@@ -137,7 +137,7 @@ def add_scaling_report(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
 def run_scaling_report(args: argparse.Namespace) -> int:
     import json
 
-    from ft_trainer.scaling import (
+    from ft_trainer.train.scaling import (
         RunError,
         load_run,
         plot_scaling,

@@ -29,7 +29,6 @@ import ipaddress
 import json
 import math
 import os
-import re
 import socket
 import stat
 import tomllib
@@ -40,6 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpu_triage.alerts.registry import SINK_KINDS
+from gpu_triage.model.config_schema import TomlLines
 from gpu_triage.model.limits import MAX_CONFIG_BYTES, InputTooLarge, read_regular_file
 from gpu_triage.model.states import GpuState, Mode
 
@@ -620,56 +620,12 @@ def schema_keys() -> list[str]:
 # Loading.
 
 
-_TABLE_ARRAY = re.compile(r"^\s*\[\[\s*([^\[\]]+?)\s*\]\]")
-_TABLE = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]")
-_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"[^"\n]*"|'[^'\n]*')"""
-_KEY = re.compile(rf"^\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*=")
-
-
-def _dotted(text: str) -> str:
-    parts = re.findall(_KEY_PART, text)
-    return ".".join(p[1:-1] if p[:1] in "\"'" else p for p in parts)
-
-
-def key_lines(text: str) -> dict[str, int]:
-    """Dotted key -> the 1-based line where the TOML ``text`` sets it (first occurrence), for error
-    messages: ``tomllib`` gives no line numbers. Tables count as keys (``detector``); the n-th
-    ``[[alerts.sinks]]`` is ``alerts.sinks[n]``. A scan of the text, not a parser: lines inside
-    multi-line strings are skipped, keys inside inline tables are not found (their table's line is)."""
-    out: dict[str, int] = {}
-    prefix = ""
-    arrays: dict[str, int] = {}
-    in_string: str | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
-        if in_string is not None:
-            if line.count(in_string) % 2 == 1:
-                in_string = None
-            continue
-        if m := _TABLE_ARRAY.match(line):
-            name = _dotted(m.group(1))
-            index = arrays[name] = arrays.get(name, -1) + 1
-            prefix = f"{name}[{index}]"
-            out.setdefault(name, number)
-            out.setdefault(prefix, number)
-        elif m := _TABLE.match(line):
-            prefix = _dotted(m.group(1))
-            out.setdefault(prefix, number)
-        elif m := _KEY.match(line):
-            key = _dotted(m.group(1))
-            out.setdefault(f"{prefix}.{key}" if prefix else key, number)
-        for quote in ('"""', "'''"):
-            if line.count(quote) % 2 == 1:
-                in_string = quote
-                break
-    return out
-
-
 @dataclass
 class _Collector:
     problems: list[str] = field(default_factory=list)
     path: str | None = None
     """The config file; its keys' lines are in ``lines`` (unknown keys are reported as FILE:LINE)."""
-    lines: Mapping[str, int] = field(default_factory=dict)
+    lines: TomlLines = field(default_factory=TomlLines)
 
     def add(self, origin: str, key: str, expected: str, value: Any) -> None:
         self.problems.append(f"{origin}: {key}: expected {expected}, got {show(value)}")
@@ -684,12 +640,8 @@ class _Collector:
         """``FILE:LINE`` for a key of the config file (the key's line, or its table's), else ``origin``."""
         if self.path is None or origin != self.path:
             return origin
-        parts = key.split(".")
-        for n in range(len(parts), 0, -1):
-            line = self.lines.get(".".join(parts[:n]))
-            if line is not None:
-                return f"{origin}:{line}"
-        return origin
+        line = self.lines.line(key)
+        return f"{origin}:{line}" if line is not None else origin
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
@@ -881,7 +833,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
             raise ConfigError([f"{path}: invalid TOML: {e}"]) from None
         except RecursionError:
             raise ConfigError([f"{path}: invalid TOML: nested too deeply"]) from None
-        errors.path, errors.lines = origin, key_lines(text)
+        errors.path, errors.lines = origin, TomlLines(text)  # tomllib gives no line numbers
         for section, table in raw.items():
             if isinstance(table, dict):
                 for key in table:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ft_trainer.throughput import read_metrics
+from ft_trainer.train.throughput import read_metrics
 
 __all__ = [
     "RunError",
