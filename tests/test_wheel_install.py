@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
+import os
 import subprocess
 import sys
 import venv
@@ -144,6 +145,13 @@ def test_the_base_wheels_commands_name_the_extra_they_need(tmp_path: Path) -> No
     run(sys.executable, "-m", "pip", "--python", env / "bin" / "python", "install", "-q", "--no-deps", wheel)
     job = tmp_path / "job.toml"
     job.write_text((REPO / "deploy" / "examples" / "tiny-cpu.toml").read_text())
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    for prog in ("gpu-watchdog", "ft-trainer"):  # the base install answers --version and --help
+        for flag in ("--version", "--help"):
+            done = subprocess.run(
+                [str(env / "bin" / prog), flag], capture_output=True, text=True, timeout=60, env=clean
+            )
+            assert done.returncode == 0, f"{prog} {flag}:\n{done.stderr}"
     commands = {
         ("gpu-watchdog", "status"): "daemon",
         ("gpu-watchdog", "triage", str(REPO / "tests" / "missing.csv")): "daemon",
@@ -153,7 +161,12 @@ def test_the_base_wheels_commands_name_the_extra_they_need(tmp_path: Path) -> No
     }
     for (prog, *args), extra in commands.items():
         result = subprocess.run(
-            [str(env / "bin" / prog), *args], cwd=tmp_path, capture_output=True, text=True, timeout=60
+            [str(env / "bin" / prog), *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean,  # the virtualenv's own packages only (no PYTHONPATH from the caller)
         )
         shown = f"{prog} {' '.join(args)}: rc {result.returncode}\n{result.stderr}"
         assert result.returncode == 2, shown
@@ -161,4 +174,7 @@ def test_the_base_wheels_commands_name_the_extra_they_need(tmp_path: Path) -> No
         assert f"needs the [{extra}] extra" in result.stderr, shown
         assert f"pip install 'gpu_triage-{__version__}-py3-none-any.whl[{extra}]'" in result.stderr, shown
     # the client side itself works: the progress contract imports without any extra
-    run(env / "bin" / "python", "-c", "import gpu_triage.contract, gpu_triage.integrations", cwd=tmp_path)
+    probe = subprocess.run(
+        [env / "bin" / "python", "-c", "import gpu_triage.contract, gpu_triage.integrations"], env=clean
+    )
+    assert probe.returncode == 0

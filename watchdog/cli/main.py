@@ -71,7 +71,7 @@ _gpu_count = _positive(int, "a GPU count", MAX_GPUS)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S
+    from gpu_triage.triage import DEFAULT_DEADLOCK_AFTER_S  # numpy-free: the base install parses too
 
     parser = argparse.ArgumentParser(
         prog="gpu-watchdog",
