@@ -103,6 +103,12 @@ class DetectorConfig:
     """How fast the learned step interval comes down (it goes up at once)."""
     cpu_contention_ratio: float = 0.9
     """A starving rank using this share of a core is CPU-bound (cause cpu_contention)."""
+    slow_max_budgets: float = 10.0
+    """``slow`` (frozen steps while every job GPU computes) for this many stall budgets is ``stalled``:
+    frozen steps for that long are not slowness, whatever the GPUs draw."""
+    idle_held_after_s: float = 300.0
+    """No progress files: every job GPU idle (memory held) this long with its ranks alive is
+    ``cannot_judge`` (a hung data loader and a process idling on purpose look the same)."""
     stacks_frozen_s: float = 20.0
     """Stack evidence ([stacks] in the config file): a rank's stack unchanged this long is frozen."""
     stacks_min_samples: int = 4
@@ -219,6 +225,11 @@ class _JobMemory:
     asymmetric_since: float | None = None
     working_since: float | None = None
     excused_at: float | None = None
+    no_compute_since: float | None = None
+    """No progress files: since when every job GPU has been working or waiting without one of them
+    computing (the spin sitting on the communication band's edge)."""
+    idle_since: float | None = None
+    """Since when every job GPU has been idle (memory held) while the ranks live."""
     asleep_since: float | None = None
     """Since when every rank's host CPU has been idle (stack evidence)."""
     save_seen_at: float | None = None
@@ -422,6 +433,7 @@ class Detector:
         frozen_s = max(0.0, now - frozen_since) if frozen_since is not None else 0.0
         firsts = [k for k in (r.first_step() for r in train) if k is not None]
         first = (FirstStep.AFTER_START if FirstStep.AFTER_START in firsts else firsts[0]) if firsts else None
+        self._learn_idle(now, job, mem, job_gpus, usable and not gpus_inferred)
         visible = len({r.rank for r in job.ranks if r.step is not None})
         unseen = max(0, (job.world_size or 0) - visible) if job.has_progress else 0
         return _Facts(
@@ -459,7 +471,7 @@ class Detector:
         alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
         sf = stack_facts(now, job.stacks, alive, job.world_size, self.config.stacks(), mem.asleep_since)
         mem.asleep_since = sf.asleep_since if sf is not None else None
-        if sf is not None and sf.in_save:
+        if sf is not None and sf.in_save and not sf.split:
             mem.save_seen_at = now
         return sf
 
@@ -516,7 +528,7 @@ class Detector:
         but a rank reading (loading data) explains them instead."""
         if f.writing:
             return "the job's ranks are writing"
-        if f.stacks is not None and f.stacks.in_save:
+        if f.stacks is not None and f.stacks.in_save and not f.stacks.split:
             return "a rank's stack is inside a checkpoint save"
         if f.dstate:
             return "ranks in D-state (storage)"
@@ -605,14 +617,18 @@ class Detector:
         self, now: float, job: JobView, mem: _JobMemory, f: _Facts, veto: str | None, spun: bool
     ) -> tuple[float, list[str]] | None:
         sf = f.stacks
-        if sf is None or not sf.provable() or veto is not None or sf.frozen_since is None:
+        since = sf.hung_since() if sf is not None else None
+        if sf is None or not sf.provable() or veto is not None or since is None:
             return None
         if any(r.alive is False for r in job.ranks):
             return None
-        signals = [str(Signal.STACKS_FROZEN)]
-        if sf.pattern.different:
-            signals.append(str(Signal.STACKS_DIVERGED))
-        onset = sf.frozen_since
+        if sf.frozen:
+            signals = [str(Signal.STACKS_FROZEN)]
+            if sf.pattern.different:
+                signals.append(str(Signal.STACKS_DIVERGED))
+        else:  # K6 split: some ranks in a save's or an eval's collective, the others frozen in a step
+            signals = [str(Signal.STACKS_PHASE_SPLIT)]
+        onset = since
         if job.has_progress:
             if not (f.train and f.frozen_since is not None):
                 return None
@@ -640,6 +656,20 @@ class Detector:
         sf = f.stacks
         if sf is None:
             return None
+        if sf.split and sf.split_since is not None and self._vetoed(f) is None:
+            why = (
+                "stacks of only some ranks of the world: the rest may be elsewhere in the phase"
+                if not sf.complete
+                else "stacks split between a phase and a training step, but no second signal yet "
+                "(steps, spin band, ranks asleep)"
+            )
+            return _Decision(
+                Verdict.STALLED,
+                self._keep_onset(mem, Verdict.STALLED, sf.split_since),
+                ("stacks_split:" + where(sf))[:300],
+                (str(Signal.STACKS_PHASE_SPLIT),),
+                why_not=why,
+            )
         if sf.in_save and sf.save_since is not None:
             held = now - sf.save_since
             if held >= self.config.stacks_checkpoint_max_s:
@@ -712,7 +742,7 @@ class Detector:
             if steps and f.working and f.working_since is not None and now - f.working_since < cfg.fast_min_s:
                 return _Decision(Verdict.HEALTHY, None, None, (str(Signal.GPUS_WORKING),))
             if steps and (f.working or (f.reading and not f.dstate)):
-                verdict, cause = Verdict.SLOW, ("gpus_working" if f.working else "reading") + f":{cause}"
+                verdict, cause = self._slow_or_stalled(now, f, mem, cause)
             else:
                 verdict = Verdict.STALLED
                 if f.dstate:
@@ -730,8 +760,67 @@ class Detector:
                 None,
                 (f"gpu_reads_failing:{','.join(map(str, f.lost))}",),
             )
+        blind = self._cannot_judge(now, job, mem, f)
+        if blind is not None:
+            return blind
         signals = (str(Signal.STEPS_ADVANCING),) if f.train and f.frozen_s < 2 * f.interval_s else ()
         return _Decision(Verdict.HEALTHY, None, None, signals)
+
+    def _cannot_judge(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision | None:
+        """A job that shows no progress and no hang, where the watchdog has nothing that could show
+        either: ``cannot_judge``, with what it cannot judge and why (never ``healthy``). Only for jobs
+        without progress files: steps are a judge of their own."""
+        if job.has_progress:
+            return None
+        reasons = []
+        sampled = f.stacks is not None and bool(f.stacks.pattern.sampled)
+        if not f.usable:
+            if f.unmapped and not f.gpus_inferred:
+                reasons.append("no rank is tied to a GPU (a container without host PIDs?)")
+            elif not f.job_gpus:
+                reasons.append("no GPU telemetry")
+            else:
+                reasons.append("its GPUs cannot be read")
+        if reasons and not sampled:
+            why = f.stacks.summary.sampler if f.stacks is not None else "none taken"
+            reasons.append(f"no stacks ({why})")
+            reasons.insert(0, "no progress files")
+            return _Decision(
+                Verdict.CANNOT_JUDGE,
+                self._keep_onset(mem, Verdict.CANNOT_JUDGE, now),
+                "no_signals: " + "; ".join(reasons),
+                ("cannot_judge:progress_and_hang",),
+                why_not="nothing here can show progress or a hang",
+            )
+        if mem.idle_since is not None and now - mem.idle_since >= self.config.idle_held_after_s:
+            held = now - mem.idle_since
+            return _Decision(
+                Verdict.CANNOT_JUDGE,
+                self._keep_onset(mem, Verdict.CANNOT_JUDGE, mem.idle_since),
+                f"gpus_held_idle: no progress files; every job GPU idle with memory held for {held:.0f} s "
+                "while its ranks live: a hung data loader and a process idling on purpose look the same",
+                ("cannot_judge:progress", "gpus_held_idle"),
+                why_not="idle GPUs are no evidence of a hang",
+            )
+        return None
+
+    def _slow_or_stalled(self, now: float, f: _Facts, mem: _JobMemory, cause: str) -> tuple[Verdict, str]:
+        """Frozen steps past the budget while some job GPU is busy: ``slow`` only while the GPUs do
+        work that explains it. Not slowness (``stalled``, alert only): the busy GPUs are a minority
+        while the rest spin (a busy loop on one rank), none computes (every "working" GPU in the
+        communication band: a spin on the band's edge), or the freeze outlasted ``slow_max_budgets``
+        stall budgets."""
+        if not f.working:
+            return Verdict.SLOW, f"reading:{cause}"
+        computing = [g for g in f.working if g.state is GpuState.COMPUTE]
+        if not computing:
+            return Verdict.STALLED, f"communication_band_only:{cause}"
+        if f.majority_since is not None and not f.dstate and not f.reading:
+            gpus = ",".join(str(g.gpu) for g in f.job_gpus if g.state is not GpuState.CHECKPOINT_OR_DEADLOCK)
+            return Verdict.STALLED, f"asymmetric:gpu {gpus}"
+        if f.frozen_s >= self.config.slow_max_budgets * self._stall_budget_s(f, mem.timing):
+            return Verdict.STALLED, f"slow_too_long:{cause}"
+        return Verdict.SLOW, f"gpus_working:{cause}"
 
     def _stall(
         self, now: float, job: JobView, mem: _JobMemory, f: _Facts
@@ -767,6 +856,10 @@ class Detector:
         spin_since = max(f.spin_since or 0.0, mem.save_seen_at or 0.0) if f.spin_since is not None else None
         if f.spin_all and spin_since is not None and now - spin_since >= cfg.power_only_after_s:
             return spin_since, "spin_band_without_progress_files", [str(Signal.SPIN_BAND)], False
+        # the spin on the communication band's edge: every job GPU waits or "communicates", none
+        # computes, for power_only_after_s (training computes every step)
+        if mem.no_compute_since is not None and now - mem.no_compute_since >= cfg.power_only_after_s:
+            return mem.no_compute_since, "communication_band_without_compute", [str(Signal.SPIN_BAND)], False
         # asymmetric: most job GPUs spin while the rest do something else (a busy loop, or idle)
         odd = [g for g in f.job_gpus if g.state is not GpuState.CHECKPOINT_OR_DEADLOCK]
         if len(f.job_gpus) >= 2 and f.waiting and 0 < len(odd) * 2 < len(f.job_gpus):
@@ -982,6 +1075,24 @@ class Detector:
                 q.append((now, value))
             while q and now - q[0][0] > window:
                 q.popleft()
+
+    @staticmethod
+    def _learn_idle(now: float, job: JobView, mem: _JobMemory, gpus: list[GpuView], mapped_ok: bool) -> None:
+        """Since when the job's GPUs have been idle (memory held) / busy without computing."""
+        alive = bool(job.ranks) and all(r.alive is not False for r in job.ranks)
+        ok = mapped_ok and alive and bool(gpus) and all(g.util_known for g in gpus)
+        states = {g.state for g in gpus}
+        waiting_only = ok and states <= {GpuState.COMMUNICATION, GpuState.CHECKPOINT_OR_DEADLOCK}
+        waiting_only = waiting_only and GpuState.COMMUNICATION in states
+        if not waiting_only:
+            mem.no_compute_since = None
+        elif mem.no_compute_since is None:
+            mem.no_compute_since = max((now if g.since is None else g.since) for g in gpus)
+        idle = mapped_ok and alive and bool(gpus) and states == {GpuState.IDLE}
+        if not idle:
+            mem.idle_since = None
+        elif mem.idle_since is None:
+            mem.idle_since = max((now if g.since is None else g.since) for g in gpus)
 
     @staticmethod
     def _working_since(now: float, mem: _JobMemory, working: list[GpuView]) -> float | None:
