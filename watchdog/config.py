@@ -406,7 +406,9 @@ class DetectorConfig:
     )
     slow_max_budgets: float = field(
         default=10.0,
-        metadata=meta(number(1, 1000), "slow (GPUs computing, steps frozen) this many stall budgets -> stalled"),
+        metadata=meta(
+            number(1, 1000), "slow (GPUs computing, steps frozen) this many stall budgets -> stalled"
+        ),
     )
     idle_held_after_s: float = field(
         default=300.0,

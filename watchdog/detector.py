@@ -523,9 +523,11 @@ class Detector:
         mem.hang_since = None
         return self._not_hung(now, job, mem, f)
 
-    def _vetoed(self, f: _Facts, *, asymmetric: bool = False) -> str | None:
+    def _vetoed(self, f: _Facts, *, asymmetric: bool = False, stacks: bool = False) -> str | None:
         """Evidence against a hang. For the asymmetric signature the odd GPUs may compute (a busy loop)
-        but a rank reading (loading data) explains them instead."""
+        but a rank reading (loading data) explains them instead. For stack evidence (K6) only a GPU
+        that computes speaks against a hang: a GPU in the communication band while every rank's stack
+        sits frozen in a collective is a spin whose power is on the band's edge."""
         if f.writing:
             return "the job's ranks are writing"
         if f.stacks is not None and f.stacks.in_save and not f.stacks.split:
@@ -534,6 +536,8 @@ class Detector:
             return "ranks in D-state (storage)"
         if asymmetric:
             return "ranks are reading (loading)" if f.reading else None
+        if stacks and not any(g.state is GpuState.COMPUTE for g in f.working):
+            return None
         if f.working:
             return "GPUs in the compute or communication band"
         return None
@@ -598,7 +602,7 @@ class Detector:
                 return lease_end, [str(Signal.LEASE_EXPIRED), str(band), str(Signal.NO_WRITES)]
         # K6: every rank's stack frozen in a collective (the odd ones named) + a second signal:
         # frozen steps, the spin band, or every rank asleep on the host
-        k6 = self._stacks_hung(now, job, mem, f, full_veto, spun)
+        k6 = self._stacks_hung(now, job, mem, f, self._vetoed(f, stacks=True), spun)
         if k6 is not None:
             return k6
         # K4: power alone, no progress files (kill-worthy only when configured)
@@ -1016,6 +1020,9 @@ class Detector:
             "findings": [x.to_dict() for x in findings],
             "against": sorted({str(x.signal) for x in findings if x.stance is Stance.PROGRESS}),
         }
+        evidence["cannot_judge"] = self._limits(job, f)
+        if f.unmapped and not f.gpus_inferred:
+            evidence["gpus_unknown"] = True
         if d.why_not and not d.kill_worthy:
             evidence["not_kill_worthy_because"] = d.why_not
         if d.cause:
@@ -1028,6 +1035,34 @@ class Detector:
             evidence["stacks"] = f.stacks.to_dict()
             evidence["stacks_where"] = where(f.stacks)
         return evidence
+
+    @staticmethod
+    def _limits(job: JobView, f: _Facts) -> list[dict[str, str]]:
+        """What this node cannot judge about the job, and why (empty: every signal is there)."""
+        out = []
+        if not job.has_progress:
+            out.append({"what": "steps", "why": "no progress files (no integration)"})
+        if f.unmapped and not f.gpus_inferred:
+            out.append(
+                {
+                    "what": "power",
+                    "why": "no rank is tied to a GPU: the job's GPUs are unknown (a container "
+                    "without host PIDs?)",
+                }
+            )
+        elif f.gpus_inferred:
+            out.append(
+                {"what": "power", "why": "no rank is tied to a GPU: the node's GPUs stand in (context)"}
+            )
+        elif not f.job_gpus:
+            out.append({"what": "power", "why": "no GPU telemetry"})
+        elif not f.usable:
+            out.append({"what": "power", "why": "the job's GPUs cannot be read"})
+        sf = f.stacks
+        if sf is None or not sf.pattern.sampled:
+            why = sf.summary.sampler if sf is not None and sf.summary.sampler != "available" else "none taken"
+            out.append({"what": "stacks", "why": f"no fresh stack ({why})"})
+        return out
 
     @staticmethod
     def _keep_onset(mem: _JobMemory, verdict: Verdict, onset: float | None) -> float | None:

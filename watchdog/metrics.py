@@ -218,7 +218,9 @@ def _held_idle(snapshot: Snapshot) -> Metric:
         [*GPU_LABELS, JOB_LABEL],
         "seconds",
     )
-    holder = {r.gpu: j.job for j in snapshot.jobs for r in j.ranks if r.gpu is not None and r.alive is not False}
+    holder = {
+        r.gpu: j.job for j in snapshot.jobs for r in j.ranks if r.gpu is not None and r.alive is not False
+    }
     for gpu in snapshot.gpus:
         held = held_idle_s(gpu, snapshot.time)
         if held is not None:

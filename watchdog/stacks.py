@@ -465,7 +465,9 @@ class StackPattern:
         return len(self.groups) > 1
 
 
-STEP_PHASES = frozenset({StackPhase.COLLECTIVE, StackPhase.FORWARD, StackPhase.BACKWARD, StackPhase.OPTIMIZER})
+STEP_PHASES = frozenset(
+    {StackPhase.COLLECTIVE, StackPhase.FORWARD, StackPhase.BACKWARD, StackPhase.OPTIMIZER}
+)
 """Where a rank inside a training step is (outside any save, eval or data wait)."""
 
 
@@ -544,13 +546,13 @@ def describe(ranks: Mapping[int, RankStack]) -> str:
 
 
 __all__ = [
+    "STEP_PHASES",
     "Frame",
     "RankStack",
     "StackError",
     "StackGroup",
     "StackInfo",
     "StackPattern",
-    "STEP_PHASES",
     "StackPhase",
     "StackSummary",
     "ThreadStack",

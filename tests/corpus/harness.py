@@ -59,6 +59,8 @@ ACTIVITY: dict[str, tuple[float, float]] = {
     "idle": (0.10, 0.00),
     "starve": (0.26, 0.45),
     "busy_loop": (0.55, 1.00),
+    # a spin whose power sits on the communication band's edge (0.28-0.32 of the limit at 100 %)
+    "spin_edge": (0.30, 1.00),
 }
 
 
@@ -98,6 +100,9 @@ class SimRank:
     """The rank's Python stack as py-spy would dump it (innermost first; None: not sampled)."""
     cpu_ratio: float = 0.05
     """Host CPU share of one core (0.05: asleep in a collective or a sleep; 1.0: NCCL spinning)."""
+    host_pids: bool = True
+    """False: the rank runs in a container without host PIDs - NVML's process list does not name it,
+    so nothing ties it to its GPU (the GPU still draws what the rank does)."""
     writer: ProgressWriter | None = None
     _written_phase: tuple[str, float | None] | None = None
     phase_started: float = 0.0
@@ -276,8 +281,8 @@ def _process(r: SimRank, gpu_pids_visible: bool) -> RankProcess:
         rank=r.rank,
         local_rank=r.local_rank,
         world_size=r.world_size,
-        gpu=r.gpu,
-        gpus=(r.gpu,) if r.gpu is not None and gpu_pids_visible else (),
+        gpu=r.gpu if r.host_pids else None,
+        gpus=(r.gpu,) if r.gpu is not None and gpu_pids_visible and r.host_pids else (),
         found_by="progress" if r.progress else "nvml",
         alive=r.alive,
         status=r.status if r.alive else None,

@@ -69,7 +69,9 @@ def main() -> int:
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
-        GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+        GPT2Config(
+            vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+        )
     )
     args = TrainingArguments(
         output_dir=str(out / "hf"),

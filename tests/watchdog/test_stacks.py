@@ -248,7 +248,10 @@ def test_real_dumps_of_the_reference_failure_show_a_phase_collective_beside_a_st
 @pytest.mark.parametrize(
     "phase_dump, step_dump",
     [
-        ("deepspeed_save_deadlock_rank0_in_save_barrier.json", "deepspeed_save_deadlock_rank1_reduce_scatter.json"),
+        (
+            "deepspeed_save_deadlock_rank0_in_save_barrier.json",
+            "deepspeed_save_deadlock_rank1_reduce_scatter.json",
+        ),
         ("hf_eval_deadlock_rank0_in_eval_all_gather.json", "hf_eval_deadlock_rank1_backward.json"),
     ],
 )
