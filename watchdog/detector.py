@@ -59,7 +59,7 @@ from gpu_triage.stack_evidence import (
     stack_findings,
     where,
 )
-from gpu_triage.stacks import StackSummary
+from gpu_triage.stacks import AVAILABLE, StackSummary
 from gpu_triage.states import GpuState, Verdict
 from gpu_triage.step_timing import FirstStep, StepTiming, TimingConfig
 
@@ -230,6 +230,8 @@ class _JobMemory:
     computing (the spin sitting on the communication band's edge)."""
     idle_since: float | None = None
     """Since when every job GPU has been idle (memory held) while the ranks live."""
+    blind_since: float | None = None
+    """Since when nothing here could show the job's progress or hang (``cannot_judge``)."""
     asleep_since: float | None = None
     """Since when every rank's host CPU has been idle (stack evidence)."""
     save_seen_at: float | None = None
@@ -362,6 +364,10 @@ class Detector:
         self._learn(now, job, mem)
         facts = self._facts(now, job, mem, by_gpu, telemetry_ok, inferred)
         findings = self._findings(now, job, facts, mem)
+        if not self._blind_reasons(job, facts):
+            mem.blind_since = None
+        elif mem.blind_since is None:
+            mem.blind_since = now
         decision = self._decide(now, job, mem, facts)
         if decision.verdict is not mem.verdict:
             mem.verdict, mem.onset, mem.raised = decision.verdict, decision.onset, now
@@ -770,39 +776,47 @@ class Detector:
         signals = (str(Signal.STEPS_ADVANCING),) if f.train and f.frozen_s < 2 * f.interval_s else ()
         return _Decision(Verdict.HEALTHY, None, None, signals)
 
+    @staticmethod
+    def _blind_reasons(job: JobView, f: _Facts) -> list[str]:
+        """Why nothing here could show this job's progress or hang (empty: something could)."""
+        if job.has_progress or any(r.alive is False for r in job.ranks):
+            return []
+        # a working sampler will dump the ranks (stale stacks are pending ones, not blindness)
+        if f.stacks is not None and f.stacks.summary.sampler == AVAILABLE:
+            return []
+        if f.usable:
+            return []
+        if f.unmapped and not f.gpus_inferred:
+            return ["no rank is tied to a GPU (a container without host PIDs?)"]
+        return ["no GPU telemetry" if not f.job_gpus else "its GPUs cannot be read"]
+
     def _cannot_judge(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision | None:
         """A job that shows no progress and no hang, where the watchdog has nothing that could show
         either: ``cannot_judge``, with what it cannot judge and why (never ``healthy``). Only for jobs
         without progress files: steps are a judge of their own."""
         if job.has_progress:
             return None
-        reasons = []
-        sampled = f.stacks is not None and bool(f.stacks.pattern.sampled)
-        if not f.usable:
-            if f.unmapped and not f.gpus_inferred:
-                reasons.append("no rank is tied to a GPU (a container without host PIDs?)")
-            elif not f.job_gpus:
-                reasons.append("no GPU telemetry")
-            else:
-                reasons.append("its GPUs cannot be read")
-        if reasons and not sampled:
+        reasons = self._blind_reasons(job, f)
+        # a grace of one stack freshness window: the sampler's first dumps of a new job may be pending
+        if reasons and mem.blind_since is not None and now - mem.blind_since >= self.config.stacks_fresh_s:
             why = f.stacks.summary.sampler if f.stacks is not None else "none taken"
             reasons.append(f"no stacks ({why})")
             reasons.insert(0, "no progress files")
             return _Decision(
                 Verdict.CANNOT_JUDGE,
-                self._keep_onset(mem, Verdict.CANNOT_JUDGE, now),
+                self._keep_onset(mem, Verdict.CANNOT_JUDGE, mem.blind_since),
                 "no_signals: " + "; ".join(reasons),
                 ("cannot_judge:progress_and_hang",),
                 why_not="nothing here can show progress or a hang",
             )
         if mem.idle_since is not None and now - mem.idle_since >= self.config.idle_held_after_s:
-            held = now - mem.idle_since
+            held = self.config.idle_held_after_s
             return _Decision(
                 Verdict.CANNOT_JUDGE,
                 self._keep_onset(mem, Verdict.CANNOT_JUDGE, mem.idle_since),
-                f"gpus_held_idle: no progress files; every job GPU idle with memory held for {held:.0f} s "
-                "while its ranks live: a hung data loader and a process idling on purpose look the same",
+                f"gpus_held_idle: no progress files; every job GPU idle with memory held for over "
+                f"{held:.0f} s while its ranks live: a hung data loader and a process idling on purpose "
+                "look the same",
                 ("cannot_judge:progress", "gpus_held_idle"),
                 why_not="idle GPUs are no evidence of a hang",
             )

@@ -149,6 +149,9 @@ class Expect:
     """Healthy: the only verdicts it may take (None: anything but the hung ones)."""
     limit: str = ""
     """For a hang this node cannot prove: why (printed in the scorecard)."""
+    ends_in: frozenset[Verdict] | None = None
+    """The verdicts the case may end in (None: any): a hang alerted as ``slow`` or not judged at all
+    is misnamed even when some alert fired."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,9 @@ class Result:
             if e.alert_within_s is not None and (a is None or a > e.alert_within_s):
                 got = "never" if a is None else f"{a:.0f} s"
                 out.append(f"alerted {got} after onset, wanted <= {e.alert_within_s:.0f} s")
+        if e.ends_in is not None and self.timeline and self.timeline[-1][1] not in e.ends_in:
+            wanted = sorted(str(v) for v in e.ends_in)
+            out.append(f"ends in {self.timeline[-1][1]}, wanted one of {wanted}")
         bystanders = {p for _, _, pids in self.sigterm_plans for p in pids} - self.job_pids
         if bystanders:
             out.append(f"bystander pids {sorted(bystanders)} in a SIGTERM plan")
