@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.config import (
+from gpu_triage.config.settings import (
     Config,
     ConfigError,
     load_config,
@@ -18,7 +18,7 @@ from gpu_triage.config import (
     parse_env_value,
     schema_keys,
 )
-from gpu_triage.states import Mode
+from gpu_triage.model.states import Mode
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "deploy" / "config.example.toml"
@@ -206,7 +206,8 @@ url = "http://x"
     )
     assert [p.removeprefix(f"{path}: ") for p in problems(path)] == [
         "alerts.sinks[0].url: expected exactly one of url and url_file for a slack sink, got nothing",
-        "alerts.sinks[1].routing_key_file: expected a path (PagerDuty needs a routing key), got nothing",
+        "alerts.sinks[1].routing_key_file: expected a path (a pagerduty sink needs a routing key), "
+        "got nothing",
         "alerts.sinks[2].timout_s: unknown key (did you mean 'timeout_s'?)",
         "alerts.sinks[3].kind: expected one of webhook, alertmanager, pagerduty, slack, got nothing",
     ]

@@ -17,7 +17,7 @@ exponential backoff and jitter, surviving restarts through the event store's ``o
   not followed (a POST must not turn into a GET elsewhere).
 - Rows of a daemon that stopped are delivered by the next one on the same state directory.
 
-Secrets (PagerDuty routing key, Slack URL) are read with :func:`gpu_triage.config.load_secret` when a
+Secrets (PagerDuty routing key, Slack URL) are read with :func:`gpu_triage.config.settings.load_secret` when a
 sink first posts and never stored in the outbox, logged or put in events; errors name the sink, never
 its URL. Time comes from an injectable ``clock`` (epoch seconds), so a five-minute outage can be played
 on a fake clock; the workers re-read it at least every ``poll_interval_s`` of real time.
@@ -40,10 +40,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_triage import logs
-from gpu_triage.actions.alerts import ALERT_NAMES, Alert, endpoint, render
-from gpu_triage.config import AlertsConfig, ConfigError, SinkConfig, load_secret
-from gpu_triage.eventstore import EventStore, OutboxItem, StoreError
+from gpu_triage.alerts.model import ALERT_NAMES, Alert
+from gpu_triage.alerts.registry import sink_kind
+from gpu_triage.alerts.sinks.protocol import RenderContext
+from gpu_triage.config.settings import AlertsConfig, ConfigError, SinkConfig, load_secret
+from gpu_triage.journal import logs
+from gpu_triage.journal.eventstore import EventStore, OutboxItem, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +221,7 @@ class SinkSender:
             if not self._url.startswith(("http://", "https://")):
                 self._url = None
                 raise ConfigError([f"{self.sink.url_file}: the URL file does not hold an http(s) URL"])
-        if self.sink.kind == "pagerduty" and self._routing_key is None:
+        if sink_kind(self.sink.kind).needs_routing_key and self._routing_key is None:
             assert self.sink.routing_key_file is not None
             self._routing_key = load_secret(self.sink.routing_key_file, "PagerDuty routing key")
         return self._url, self._routing_key
@@ -227,17 +229,12 @@ class SinkSender:
     def post(self, alert: Alert, now: float) -> PostResult:
         try:
             url, routing_key = self._secrets()
-            body = render(
-                self.sink.kind,
-                alert,
-                now=now,
-                resend_interval_s=self.alerts.resend_interval_s,
-                routing_key=routing_key,
-                generator_url=self.generator_url,
-            )
+            kind = sink_kind(self.sink.kind)
+            context = RenderContext(now, self.alerts.resend_interval_s, routing_key, self.generator_url)
+            body = kind.payload(alert, context)
         except (ConfigError, ValueError) as e:
             return PostResult(False, None, False, f"sink {self.sink.name}: {e}", 0.0)
-        return post_json(endpoint(self.sink.kind, url), body, timeout_s=self.sink.timeout_s)
+        return post_json(kind.endpoint(url), body, timeout_s=self.sink.timeout_s)
 
 
 @dataclass(slots=True)
