@@ -667,7 +667,7 @@ class Detector:
         if sf is None:
             return None
         if sf.split and sf.split_since is not None and self._vetoed(f) is None:
-            why = (
+            split_why = (
                 "stacks of only some ranks of the world: the rest may be elsewhere in the phase"
                 if not sf.complete
                 else "stacks split between a phase and a training step, but no second signal yet "
@@ -678,7 +678,7 @@ class Detector:
                 self._keep_onset(mem, Verdict.STALLED, sf.split_since),
                 ("stacks_split:" + where(sf))[:300],
                 (str(Signal.STACKS_PHASE_SPLIT),),
-                why_not=why,
+                why_not=split_why,
             )
         if sf.in_save and sf.save_since is not None:
             held = now - sf.save_since
