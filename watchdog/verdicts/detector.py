@@ -30,11 +30,18 @@ a hang from two independent signals with nothing speaking against it:
   no writes - kill-worthy only with ``power_only_can_kill = true``; by default it is ``stalled``:
   a save whose writer is on another node looks exactly the same (the multi-node blind spot).
 
+- **K6 stacks** (py-spy): every rank of the world frozen in a collective, or *split* - some ranks
+  waiting in a collective inside a save or an eval while all others are frozen inside a training step
+  (the reference failure: rank 0 in ``save_checkpoint``'s barrier, rank 1 in its step's
+  reduce-scatter) - plus a second signal (frozen steps, the spin band, RAS counts, ranks asleep).
+
 Evidence against a hang vetoes the hung class: writes, ranks in D-state (storage), a stopped rank
-(``suspended``), GPUs in the compute or communication band. Everything else that lacks progress is
-alert-worthy at most: ``stalled`` (no progress past the budget, no proof), ``slow`` (past the budget
-but the GPUs work, or a lease overran while they compute), ``stalled_checkpoint``, ``data_starvation``,
-``suspended``, ``telemetry_lost``.
+(``suspended``), GPUs in the compute or communication band (for K6 only a computing GPU). Everything
+else that lacks progress is alert-worthy at most: ``stalled`` (no progress past the budget, no proof), ``slow`` (past the budget
+but every busy GPU computes, or a lease overran while they compute - for at most ``slow_max_budgets``
+stall budgets, and never while most GPUs spin or none computes: then ``stalled``),
+``stalled_checkpoint``, ``data_starvation``, ``suspended``, ``telemetry_lost``, and ``cannot_judge``
+(no progress files and nothing else here that could show progress or a hang, or GPUs held idle).
 
 **Time from the right moment**: a rank's frozen time starts at its last step change *or* its return to
 ``train``, whichever is later, so time spent under a lease never counts. The first step after a start
