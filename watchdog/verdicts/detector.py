@@ -36,12 +36,13 @@ a hang from two independent signals with nothing speaking against it:
   reduce-scatter) - plus a second signal (frozen steps, the spin band, RAS counts, ranks asleep).
 
 Evidence against a hang vetoes the hung class: writes, ranks in D-state (storage), a stopped rank
-(``suspended``), GPUs in the compute or communication band (for K6 only a computing GPU). Everything
-else that lacks progress is alert-worthy at most: ``stalled`` (no progress past the budget, no proof), ``slow`` (past the budget
-but every busy GPU computes, or a lease overran while they compute - for at most ``slow_max_budgets``
-stall budgets, and never while most GPUs spin or none computes: then ``stalled``),
-``stalled_checkpoint``, ``data_starvation``, ``suspended``, ``telemetry_lost``, and ``cannot_judge``
-(no progress files and nothing else here that could show progress or a hang, or GPUs held idle).
+(``suspended``), GPUs in the compute or communication band (for K6 only a computing GPU).
+Everything else that lacks progress is alert-worthy at most: ``stalled`` (no progress past the
+budget, no proof), ``slow`` (past the budget but every busy GPU computes, or a lease overran while
+they compute - for at most ``slow_max_budgets`` stall budgets, and never while most GPUs spin or none
+computes: then ``stalled``), ``stalled_checkpoint``, ``data_starvation``, ``suspended``,
+``telemetry_lost``, and ``cannot_judge`` (no progress files and nothing else here that could show
+progress or a hang, or GPUs held idle).
 
 **Time from the right moment**: a rank's frozen time starts at its last step change *or* its return to
 ``train``, whichever is later, so time spent under a lease never counts. The first step after a start
