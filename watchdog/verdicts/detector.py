@@ -28,8 +28,7 @@ a hang from two independent signals with nothing speaking against it:
   the odd GPUs are named;
 - **K4 power only** (no progress files): every job GPU in the spin band for ``power_only_after_s``,
   no writes - kill-worthy only with ``power_only_can_kill = true``; by default it is ``stalled``:
-  a save whose writer is on another node looks exactly the same (the multi-node blind spot).
-
+  a save whose writer is on another node looks exactly the same (the multi-node blind spot);
 - **K6 stacks** (py-spy): every rank of the world frozen in a collective, or *split* - some ranks
   waiting in a collective inside a save or an eval while all others are frozen inside a training step
   (the reference failure: rank 0 in ``save_checkpoint``'s barrier, rank 1 in its step's
