@@ -34,6 +34,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from gpu_triage.fleet.exposition import METRIC_NAMES as FLEET_METRIC_NAMES
+from gpu_triage.fleet.exposition import fleet_metrics
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.snapshot import GpuStatus, Snapshot
 from gpu_triage.states import GPU_STATES, VERDICTS, Mode
@@ -81,6 +83,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_armed": "gauge",
     "gpu_watchdog_mode": "gauge",
     "gpu_watchdog_info": "info",
+    **FLEET_METRIC_NAMES,
 }
 
 
@@ -370,6 +373,7 @@ def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield from _job_metrics(snapshot)
     yield from _daemon_metrics(snapshot)
     yield from _error_metrics(snapshot)
+    yield from fleet_metrics(snapshot.fleet)
 
 
 class SnapshotCollector(Collector):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_triage.findings import Finding
+from gpu_triage.fleet.facts import JobFacts
 from gpu_triage.states import GpuState, Mode, Verdict
 
 
@@ -103,3 +104,7 @@ class Snapshot:
     stacks: dict[str, Any] = field(default_factory=dict)
     """The stack sampler's status: state (available, py_spy_missing, ptrace_denied, disabled), its
     CPU spend over the last minute against its budget, dump counters."""
+    fleet: tuple[JobFacts, ...] = ()
+    """This node's facts about each job's ranks, for the other nodes (gpu_watchdog_fleet_* series)."""
+    cluster: dict[str, Any] = field(default_factory=dict)
+    """The reader of other nodes' facts ([cluster]): Prometheus URL, queries, last error."""
