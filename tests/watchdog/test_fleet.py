@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -36,7 +36,8 @@ REDUCE = (
         "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
         4000,
     ),
-) + ALLREDUCE[1:]
+    *ALLREDUCE[1:],
+)
 
 
 def _local(now: float, frames=ALLREDUCE, since: float = 0.0, ranks=(2, 3), world: int = 4):
@@ -227,7 +228,12 @@ def test_hostile_answers_are_skipped_or_refused_with_a_reason():
     now = 100.0
     bad = [
         Sample(
-            {"__name__": "gpu_watchdog_fleet_rank_step", "training_job": "job", "node": "x", "rank": "-1"},
+            {
+                "__name__": "gpu_watchdog_fleet_rank_step",
+                "training_job": "job",
+                "fleet_node": "x",
+                "rank": "-1",
+            },
             1,
             now,
         ),
@@ -235,14 +241,19 @@ def test_hostile_answers_are_skipped_or_refused_with_a_reason():
             {
                 "__name__": "gpu_watchdog_fleet_rank_step",
                 "training_job": "job",
-                "node": "x",
+                "fleet_node": "x",
                 "rank": "9" * 40,
             },
             1,
             now,
         ),
         Sample(
-            {"__name__": "gpu_watchdog_fleet_rank_step", "training_job": "other", "node": "x", "rank": "1"},
+            {
+                "__name__": "gpu_watchdog_fleet_rank_step",
+                "training_job": "other",
+                "fleet_node": "x",
+                "rank": "1",
+            },
             1,
             now,
         ),
@@ -337,6 +348,7 @@ def test_remote_facts_never_stand_alone_local_stacks_moving():
 def test_remote_steps_frozen_and_spinning_complete_k2_for_a_job_without_job_wide_leases():
     """Without job-wide leases K2 cannot prove a hang with ranks elsewhere; every other rank frozen and
     spinning (their nodes' facts) completes it, after the same budget (600 s: no step timing learned)."""
+
     def job(now: float, remote: RemoteFacts | None) -> JobView:
         ranks = tuple(
             RankView(
@@ -375,7 +387,7 @@ def test_remote_steps_frozen_and_spinning_complete_k2_for_a_job_without_job_wide
 @contextmanager
 def _server(handler) -> Iterator[str]:
     class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             handler(self)
 
         def log_message(self, *a):
@@ -396,10 +408,8 @@ def _send(h, body: bytes, delay_s: float = 0.0):
     h.send_header("Content-Type", "application/json")
     h.end_headers()
     time.sleep(delay_s)
-    try:
+    with suppress(BrokenPipeError, ConnectionResetError):
         h.wfile.write(body)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
 
 
 def test_client_answers_a_vector_and_refuses_too_large_too_slow_and_unreachable():

@@ -1,7 +1,8 @@
 """The ``gpu_watchdog_fleet_*`` series: each node's facts about each job, for the other nodes.
 
 Every series carries ``training_job`` (the job's name, the same on every node: docs/cluster.md) and
-``node`` (``[daemon] node``); per-rank series add ``rank`` (the global rank). Series from all nodes
+``fleet_node`` (``[daemon] node``; not ``node``, the scrape target's label); per-rank series add
+``rank`` (the global rank). Series from all nodes
 therefore join by ``training_job`` and ``rank`` in PromQL, and :mod:`gpu_triage.fleet.remote`
 reads one job's facts back with one selector. Times are epoch seconds; a fact this node does not have
 is left out (no series), never exported as a made-up number.
@@ -9,12 +10,12 @@ is left out (no series), never exported as a made-up number.
 ==============================================================  =====================================
 series                                                          value
 ==============================================================  =====================================
-``fleet_facts_timestamp_seconds{training_job,node}``            when the node took these facts
-``fleet_world_size{training_job,node}``                         the job's world size (when known)
-``fleet_verdict{training_job,node,verdict}``                    1 (only the node's current verdict)
-``fleet_verdict_onset_timestamp_seconds{training_job,node}``    the node verdict's onset
-``fleet_kill_worthy{training_job,node}``                        1 when the node's verdict is kill-worthy
-``fleet_io_active{training_job,node,io}``                       1 while the node's ranks write / read
+``fleet_facts_timestamp_seconds{training_job,fleet_node}``            when the node took these facts
+``fleet_world_size{training_job,fleet_node}``                         the job's world size (when known)
+``fleet_verdict{training_job,fleet_node,verdict}``                    1 (only the node's current verdict)
+``fleet_verdict_onset_timestamp_seconds{training_job,fleet_node}``    the node verdict's onset
+``fleet_kill_worthy{training_job,fleet_node}``                        1 when the node's verdict is kill-worthy
+``fleet_io_active{training_job,fleet_node,io}``                       1 while the node's ranks write / read
 ``fleet_rank_stack_since_timestamp_seconds{...,rank,phase,where}``  since when the stack is unchanged
 ``fleet_rank_stack_sampled_timestamp_seconds{...,rank}``        when the latest stack was taken
 ``fleet_rank_step{...,rank}``                                   the rank's optimizer step

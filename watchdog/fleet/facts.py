@@ -22,8 +22,9 @@ from gpu_triage.states import GpuState
 PREFIX = "gpu_watchdog_fleet_"
 JOB_LABEL = "training_job"
 """The label that names the training job (``job`` is Prometheus's scrape job)."""
-NODE_LABEL = "node"
-"""The label that names the node (``[daemon] node``)."""
+NODE_LABEL = "fleet_node"
+"""The label that names the reporting node (``[daemon] node``); not ``node``, which the shipped
+scrape config sets per target (a scraped ``node`` would become ``exported_node``)."""
 MAX_WHERE_CHARS = 160
 """A stack's call-site label is cut to this length (a label value, bounded)."""
 

@@ -63,7 +63,9 @@ class PromClient:
         deadline = t0 + self.timeout_s
         try:
             with self._client.stream(
-                "GET", f"{self.url}/api/v1/query", params={"query": promql, "timeout": f"{self.timeout_s}s"}
+                "GET",
+                f"{self.url}/api/v1/query",
+                params={"query": promql, "timeout": f"{max(1, int(self.timeout_s * 1000))}ms"},
             ) as resp:
                 chunks: list[bytes] = []
                 size = 0
