@@ -551,7 +551,9 @@ class Daemon:
             self.fleet.request(now, j.job, waiting or (prev is not None and prev not in _CALM))
             remote = self.fleet.latest(j.job)
             if remote is None:
-                remote = RemoteFacts(j.job, now, error="not asked yet (only while the job is suspicious)")
+                remote = RemoteFacts(
+                    j.job, now, error="not asked for: the job was never suspicious", asked=False
+                )
             out.append(replace(j, remote=remote))
         self.fleet.forget({j.job for j in jobs})
         return out

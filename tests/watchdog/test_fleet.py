@@ -24,6 +24,7 @@ from gpu_triage.fleet.facts import JobFacts, RankFacts, local_facts
 from gpu_triage.fleet.fusion import FleetState, FusionConfig, fuse
 from gpu_triage.fleet.prom_client import PromClient, PromError, parse_vector
 from gpu_triage.fleet.remote import RemoteFacts, Sample, job_query, remote_facts
+from gpu_triage.fleet.view import analyse, exit_code, render
 from gpu_triage.stack_evidence import StackEvidenceConfig, stack_facts
 from gpu_triage.stacks import StackSummary, group_key
 from gpu_triage.states import GpuState, Verdict
@@ -222,6 +223,41 @@ def test_facts_round_trip_through_the_exposition_and_leave_this_node_out():
     assert back.skipped == 0
     assert back.nodes == (mine,)
     assert job_query('we"ird\\job') == '{__name__=~"gpu_watchdog_fleet_.+",training_job="we\\"ird\\\\job"}'
+
+
+def test_the_job_wide_view_names_the_first_stopped_the_lagging_and_the_odd_rank():
+    now = 100.0
+    a = JobFacts(
+        "job", "node-a", now - 1, 4, "deadlock_suspected", 40.0, True, False, False,
+        (_remote_rank(0, BARRIER, now - 1, since=30.0), _remote_rank(1, REDUCE, now - 1, since=50.0)),
+    )  # fmt: skip
+    b = JobFacts(
+        "job",
+        "node-b",
+        now - 2,
+        4,
+        "stalled",
+        None,
+        False,
+        False,
+        False,
+        (_remote_rank(2, REDUCE, now, since=52.0),),
+    )
+    steps = JobFacts(
+        "ft", "node-b", now, 2, "slow", None, False, False, False,
+        (RankFacts(0, step=120, step_changed_at=90.0), RankFacts(1, step=100, step_changed_at=60.0)),
+    )  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(_Facts([a, b, steps]))
+    (ft, job) = analyse(_samples(generate_latest(registry).decode(), now), now)
+    assert job.verdict == "hung" and job.missing == (3,)
+    assert (job.first_stopped.node, job.first_stopped.rank) == ("node-a", 0)
+    assert [(r.node, r.rank) for r in job.odd] == [("node-a", 0)]
+    assert ft.verdict == "slow" and (ft.lagging.node, ft.lagging.rank, ft.lag_steps) == ("node-b", 1, 20)
+    assert (ft.first_stopped.node, ft.first_stopped.rank) == ("node-b", 1)
+    assert exit_code((ft, job)) == 1 and exit_code((ft,)) == 0
+    text = render((ft, job), now)
+    assert "stopped first: node-a rank 0" in text and "ranks no node reports: 3" in text
 
 
 def test_hostile_answers_are_skipped_or_refused_with_a_reason():

@@ -13,6 +13,7 @@ daemons every second, which each daemon asks for the other node's facts ([cluste
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -126,7 +127,7 @@ def _env() -> dict[str, str]:
     for k in ("GPU_WATCHDOG_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "GPU_WATCHDOG_PROGRESS_DIR"):
         env.pop(k, None)
     env.update(
-        {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SLOW_SAVE_S": "120"}
+        {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SLOW_SAVE_S": "75"}
     )
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
@@ -221,6 +222,16 @@ def test_epoch_end_hang_with_the_short_rank_on_the_other_node_is_kill_worthy_on_
             ("node-b", "2"): "collective",
             ("node-b", "3"): "collective",
         }
+        # the operators' view of the same facts, from Prometheus: one job, hung, rank 0 of node A
+        out = subprocess.run(
+            [*GPU_WATCHDOG, "cluster", "--prometheus", prom.url, "--job", name, "--json"],
+            capture_output=True, text=True, timeout=60, cwd=REPO, env=_env(), check=False,
+        )  # fmt: skip
+        assert out.returncode == 1, out.stdout + out.stderr  # a deadlock verdict on a node
+        (view,) = json.loads(out.stdout)["jobs"]
+        assert view["verdict"] == "hung" and view["world_size"] == 4 and view["missing_ranks"] == []
+        assert [(r["node"], r["rank"]) for r in view["odd"]] == [("node-a", 0)], view
+        assert (view["first_stopped"]["node"], view["first_stopped"]["rank"]) == ("node-a", 0), view
         # one daemon down: node B's facts about node A go stale -> unknown, per-node judgment
         a.stop_daemon()
         j = wait_for(
@@ -256,6 +267,7 @@ def test_a_slow_save_on_the_other_node_is_never_hung_class(tmp_path: Path) -> No
             _wait_file(tmp_path / "job" / f"epoch-end-{r}", nodes)
         seen: dict[str, list[str]] = {n.name: [] for n in nodes}
         fleet_states: set[str] = set()
+        writer_seen = False
         deadline = time.monotonic() + 400
         while not (tmp_path / "job" / "saved-0").exists() and time.monotonic() < deadline:
             for n in nodes:
@@ -271,9 +283,16 @@ def test_a_slow_save_on_the_other_node_is_never_hung_class(tmp_path: Path) -> No
                     seen[n.name].append(j["verdict"])
                 if "fleet" in j["evidence"]:
                     fleet_states.add(j["evidence"]["fleet"]["state"])
+            if not writer_seen:  # what node B would read: node A's rank 0 inside the save (a veto)
+                q = f'gpu_watchdog_fleet_rank_stack_since_timestamp_seconds{{training_job="{name}",rank="0"}}'
+                writer_seen = any(
+                    s["metric"]["phase"] == "checkpoint" and s["metric"]["fleet_node"] == "node-a"
+                    for s in prom.api("/api/v1/query", query=q)["result"]
+                )
             time.sleep(0.5)
         assert (tmp_path / "job" / "saved-0").exists(), "the writer never finished:\n" + nodes[0].logs()
         print("verdicts seen:", seen, "fleet:", sorted(fleet_states))
         assert "checkpoint" in seen["node-a"], seen
+        assert writer_seen, "Prometheus never held node A's rank 0 inside the save"
     finally:
         _cleanup(nodes, prom)

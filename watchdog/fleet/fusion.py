@@ -127,6 +127,8 @@ def fuse(
     if remote is None:
         return _unknown("no answer from Prometheus yet")
     age = now - remote.asked_at
+    if not remote.asked:
+        return _unknown(f"other nodes' facts {remote.error or 'not asked for'}")
     if remote.error is not None:
         return _unknown(f"Prometheus: {remote.error}", age_s=age)
     if age > cfg.stale_after_s:

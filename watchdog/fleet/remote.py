@@ -49,6 +49,8 @@ class RemoteFacts:
     """Samples refused (a label that is no rank, a node with conflicting facts...)."""
     query_s: float = 0.0
     bytes: int = 0
+    asked: bool = True
+    """False: no query was sent (the job has not been suspicious since the daemon started)."""
 
 
 @dataclass
