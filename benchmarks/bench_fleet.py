@@ -165,8 +165,10 @@ def _measure(nodes: int, prometheus: str, window_s: float) -> dict[str, float]:
                 f"--config.file={tmp}/prometheus.yml",
                 f"--storage.tsdb.path={tmp}/data",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--log.level=warn",
-            ]
+                "--log.level=error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         url = f"http://127.0.0.1:{prom_port}"
         client = PromClient(url, timeout_s=3.0)
