@@ -32,12 +32,12 @@ import yaml
 
 from benchmarks.bench_daemon import _free_port
 from benchmarks.common import header, line
-from gpu_triage.fleet.facts import JobFacts, RankFacts
-from gpu_triage.fleet.fusion import FleetState, FusionConfig, fuse
-from gpu_triage.fleet.prom_client import PromClient, PromError
-from gpu_triage.fleet.remote import job_query, remote_facts
-from gpu_triage.stack_evidence import StackEvidenceConfig, stack_facts
-from gpu_triage.stacks import RankStack, StackInfo, StackPhase, StackSummary
+from gpu_triage.signals.fleet.facts import JobFacts, RankFacts
+from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
+from gpu_triage.signals.fleet.prom_client import PromClient, PromError
+from gpu_triage.signals.fleet.remote import job_query, remote_facts
+from gpu_triage.signals.stacks.dumps import RankStack, StackInfo, StackPhase, StackSummary
+from gpu_triage.signals.stacks.evidence import StackEvidenceConfig, stack_facts
 
 JOB = "master-10.0.0.1:29500"
 PER_NODE = 8
@@ -74,7 +74,7 @@ def serve(port: int, nodes: int, hang_at: float, last_at: float) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.registry import Collector
 
-    from gpu_triage.fleet.exposition import fleet_metrics
+    from gpu_triage.signals.fleet.exposition import fleet_metrics
 
     class One(Collector):
         def __init__(self, facts: JobFacts) -> None:

@@ -1,4 +1,4 @@
-"""One job, many nodes (gpu_triage.fleet): the pure fusion rule (completion, veto, staleness, missing
+"""One job, many nodes (gpu_triage.signals.fleet): the pure fusion rule (completion, veto, staleness, missing
 ranks), the facts' round trip through the exposition format, the detector's hook (remote facts
 complete K6 and K2, veto them, never stand alone), and the bounded Prometheus client against real
 loopback HTTP servers."""
@@ -17,17 +17,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from gpu_triage.detector import Detector, GpuView, JobView, RankView
-from gpu_triage.findings import Signal
-from gpu_triage.fleet.exposition import fleet_metrics
-from gpu_triage.fleet.facts import JobFacts, RankFacts, local_facts
-from gpu_triage.fleet.fusion import FleetState, FusionConfig, fuse
-from gpu_triage.fleet.prom_client import PromClient, PromError, parse_vector
-from gpu_triage.fleet.remote import RemoteFacts, Sample, job_query, remote_facts
-from gpu_triage.fleet.view import analyse, exit_code, render
-from gpu_triage.stack_evidence import StackEvidenceConfig, stack_facts
-from gpu_triage.stacks import StackSummary, group_key
-from gpu_triage.states import GpuState, Verdict
+from gpu_triage.cli.cluster_prometheus import analyse, exit_code, render
+from gpu_triage.model.findings import Signal
+from gpu_triage.model.states import GpuState, Verdict
+from gpu_triage.signals.fleet.exposition import fleet_metrics
+from gpu_triage.signals.fleet.facts import JobFacts, RankFacts, local_facts
+from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
+from gpu_triage.signals.fleet.prom_client import PromClient, PromError, parse_vector
+from gpu_triage.signals.fleet.remote import RemoteFacts, Sample, job_query, remote_facts
+from gpu_triage.signals.stacks.dumps import StackSummary, group_key
+from gpu_triage.signals.stacks.evidence import StackEvidenceConfig, stack_facts
+from gpu_triage.verdicts.detector import Detector, GpuView, JobView, RankView
 from tests.watchdog.test_stacks import ALLREDUCE, BARRIER, SAVING, _rank
 
 CFG = FusionConfig(stale_after_s=15.0, frozen_s=20.0, fresh_s=30.0)
