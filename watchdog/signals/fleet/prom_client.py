@@ -90,7 +90,7 @@ def parse_vector(body: bytes, status: int = 200) -> tuple[Sample, ...]:
     """Prometheus's JSON answer -> samples (a ``vector`` only). Raises :class:`PromError`."""
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # nested too deep is no answer either
         raise PromError(f"HTTP {status}: not JSON ({body[:80]!r})") from None
     if not isinstance(doc, dict):
         raise PromError(f"HTTP {status}: expected a JSON object")
