@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from gpu_triage.daemon.sdnotify import SdNotifier
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.samples import TelemetrySource
-from gpu_triage.model.snapshot import JobStatus, Snapshot
+from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
 from gpu_triage.model.states import Mode, Verdict
 from gpu_triage.serving.control import QueuedControl
 from gpu_triage.serving.publish import SnapshotHolder
@@ -560,7 +560,9 @@ class Daemon:
         self.fleet.forget({j.job for j in jobs})
         return out
 
-    def _local_facts(self, now: float, jobs: list[JobView], results, statuses) -> tuple[JobFacts, ...]:
+    def _local_facts(
+        self, now: float, jobs: list[JobView], results: tuple[JobStatus, ...], statuses: Sequence[GpuStatus]
+    ) -> tuple[JobFacts, ...]:
         """This node's facts about each job, exported for the other nodes (gpu_watchdog_fleet_*)."""
         spin = spin_since_by_gpu(statuses)
         by_job = {j.job: j for j in results}

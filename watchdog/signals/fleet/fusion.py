@@ -208,8 +208,8 @@ def _stacks(
     collective = 0
     since: list[float] = []
     for g in sf.pattern.groups:
-        for r in g.ranks:
-            members.setdefault(g.key, []).append((own_node, r))
+        for local in g.ranks:
+            members.setdefault(g.key, []).append((own_node, local))
             if g.key.startswith("collective"):
                 collective += 1
     if sf.frozen_since is not None:
