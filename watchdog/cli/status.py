@@ -34,7 +34,7 @@ from gpu_triage.cli.cluster import (
 
 DEFAULT_URL = "http://127.0.0.1:9410"
 MAX_EVIDENCE_CHARS = 100
-MAX_CAUSE_CHARS = 32
+MAX_CAUSE_CHARS = 60
 """The cause shown beside the verdict in the jobs table; longer ones are cut (the evidence has all)."""
 TIME_KEY_SUFFIXES = ("_since", "_at", "_until", "onset")
 TIME_MAP_KEYS = frozenset({"live_leases", "expired_leases"})
@@ -195,6 +195,10 @@ def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str
         cause = job.get("cause")
         if cause and len(str(cause)) > MAX_CAUSE_CHARS:
             evidence.setdefault("cause", cause)  # cut in the table: whole here
+        limits = evidence.get("cannot_judge") or []
+        if limits and isinstance(limits, list):
+            said = "; ".join(f"{x.get('what')} ({x.get('why')})" for x in limits if isinstance(x, dict))
+            lines.append(f"  {job['job']} cannot judge: {said}")
         if evidence:
             lines.append(f"  {job['job']} evidence:")
             lines.extend(
