@@ -17,6 +17,12 @@ collective phase (save, eval, epoch end) on *every* rank, the waiting ranks incl
 ``checkpoint`` while another sits frozen in ``train`` is a contradiction (a hang), not a save; ``"rank"``
 (or absent) when only the ranks doing the work announce it.
 
+The optional ``step_time`` and ``phase_time`` (epoch seconds, written by this writer) say when ``step``
+last changed and when ``phase`` was entered. ``time`` is when the file was written - and a flusher
+rewrites it every ``heartbeat_s`` while the rank is blocked - so a reader that starts during a hang (a
+restarted watchdog) can only date the frozen step right from ``step_time``. Readers that do not know
+them ignore them; without them a reader falls back to ``time``.
+
 Who uses this module: the daemon's reader (``gpu_triage.progress``) takes its field names, phases and
 limits from here; this project's trainer (``ft_trainer.progress`` re-exports the writer) and the
 framework integrations (``gpu_triage.integrations``) write through :class:`ProgressWriter`.
@@ -67,7 +73,7 @@ FIELDS = (
     "time",
 )
 """The contract's required fields, in the order they are written."""
-OPTIONAL_FIELDS = ("lease_scope",)
+OPTIONAL_FIELDS = ("lease_scope", "step_time", "phase_time")
 """Fields a reader accepts when present (written after the required ones)."""
 LEASE_SCOPES = ("job", "rank")
 MIN_INTERVAL_S = 1.0
@@ -239,6 +245,8 @@ class ProgressWriter:
         }
         if check_lease_scope(lease_scope) is not None:
             self._record["lease_scope"] = lease_scope
+        self._record["step_time"] = None  # set when the step changes (or at the first write)
+        self._record["phase_time"] = None
         self._lock = threading.RLock()
         self._last_write_s: float | None = None
         self._dirty = False
@@ -302,6 +310,8 @@ class ProgressWriter:
         if not self._mine():
             return False
         with self._lock:
+            if int(step) != self._record["step"] or self._record["step_time"] is None:
+                self._record["step_time"] = round(self._clock(), 3)
             self._record["step"] = int(step)
             if epoch is not None:
                 self._record["epoch"] = int(epoch)
@@ -334,6 +344,8 @@ class ProgressWriter:
             return False
         with self._lock:
             now_s = self._clock()
+            if phase != self._record["phase"] or self._record["phase_time"] is None:
+                self._record["phase_time"] = round(now_s, 3)
             self._record["phase"] = phase
             self._record["lease_until"] = None if lease_s is None else round(now_s + lease_s, 3)
             self._lease_s = lease_s
@@ -379,6 +391,9 @@ class ProgressWriter:
     def _write(self, now_s: float) -> bool:
         self._last_write_s = now_s  # also rate-limits retries into a broken directory
         self._record["time"] = round(now_s, 3)
+        for key in ("step_time", "phase_time"):
+            if self._record[key] is None:
+                self._record[key] = self._record["time"]
         data = json.dumps(self._record, separators=(", ", ": ")).encode() + b"\n"
         tmp = self.path.with_name(f".{self.path.name}.{self._record['pid']}.tmp")
         try:

@@ -69,7 +69,7 @@ def test_file_has_exactly_the_contract_fields(tmp_path: Path, clock: Clock) -> N
     w.phase("train")
     w.step(1200, epoch=1, tokens=157286400)
     data = json.loads((tmp_path / JOB / "rank-1.json").read_text())
-    assert list(data) == list(FIELDS)
+    assert list(data) == [*FIELDS, "step_time", "phase_time"]
     assert data == {
         "job": JOB,
         "rank": 1,
@@ -83,11 +83,34 @@ def test_file_has_exactly_the_contract_fields(tmp_path: Path, clock: Clock) -> N
         "phase": "train",
         "lease_until": None,
         "time": T0,
+        "step_time": T0,
+        "phase_time": T0,
     }
     clock.advance(1.0)
     assert w.step(1201, epoch=1, tokens=157417472)
     data = json.loads((tmp_path / JOB / "rank-1.json").read_text())
     assert (data["step"], data["epoch"], data["tokens"], data["time"]) == (1201, 1, 157417472, T0 + 1)
+    assert (data["step_time"], data["phase_time"]) == (T0 + 1, T0)
+
+
+def test_step_time_is_when_the_step_changed_not_when_a_flusher_rewrote_it(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A flusher's heartbeat rewrites ``time`` every 30 s while a rank is blocked; ``step_time`` keeps
+    the moment the step changed, so a reader that starts in the middle of a hang dates it right."""
+    w = writer(tmp_path, clock)
+    w.phase("train")
+    clock.advance(2.0)
+    w.step(7)
+    for _ in range(4):
+        clock.advance(30.0)
+        assert w.tick(heartbeat_s=30.0)
+    data = json.loads((tmp_path / JOB / "rank-0.json").read_text())
+    assert data["time"] == T0 + 122 and data["step_time"] == T0 + 2
+    fresh = reader(tmp_path)  # a reader started now (a restarted daemon) sees the step frozen since T0 + 2
+    job = fresh.read(T0 + 122).jobs[JOB]
+    assert job.ranks[0].step_since_s == T0 + 2
+    assert job.ranks[0].step_frozen_s(T0 + 122) == 120
 
 
 def test_writer_and_reader_agree_on_the_vocabulary() -> None:
