@@ -213,13 +213,17 @@ class ProgressWriter:
         *,
         directory: Path | str | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
         min_interval_s: float = MIN_INTERVAL_S,
         pid: int | None = None,
         host: str | None = None,
         lease_scope: str | None = None,
     ) -> None:
         """``directory`` defaults to ``$GPU_WATCHDOG_PROGRESS_DIR`` or ``/run/gpu-watchdog/progress``;
-        ``clock`` returns epoch seconds (injected in tests); ``lease_scope`` (``"job"``, ``"rank"`` or
+        ``clock`` returns epoch seconds (the values written; injected in tests); ``monotonic`` measures
+        the rate limit, the heartbeat and lease renewals (default ``time.monotonic``, or ``clock`` when
+        only ``clock`` is injected), so a step of the wall clock never stops or floods writes;
+        ``lease_scope`` (``"job"``, ``"rank"`` or
         None: not written) says whether every rank announces every collective phase."""
         if not (0 <= rank < world_size and local_rank >= 0):
             raise ValueError(f"rank {rank}, local_rank {local_rank}, world_size {world_size}: inconsistent")
@@ -227,6 +231,9 @@ class ProgressWriter:
         self.directory = Path(directory) if directory is not None else progress_dir()
         self.path = rank_file(self.directory, job, rank)
         self._clock = clock
+        if monotonic is None:
+            monotonic = time.monotonic if clock is time.time else clock
+        self._mono = monotonic
         self._min_interval_s = min_interval_s
         self._owner_pid = os.getpid()
         self._record: dict[str, Any] = {
@@ -253,6 +260,8 @@ class ProgressWriter:
         self._failing = False
         self._lease_s: float | None = None
         self._keep_alive_until_s: float | None = None
+        self._lease_until_m: float | None = None
+        """The lease's end on the monotonic clock (renewals are timed on it, not on the wall clock)."""
         self.writes_total = 0
         self.failures_total = 0
         self.renewals_total = 0
@@ -320,10 +329,9 @@ class ProgressWriter:
             self._dirty = True
             if not write:
                 return False
-            now_s = self._clock()
-            if self._last_write_s is not None and now_s - self._last_write_s < self._min_interval_s:
+            if self._last_write_s is not None and self._mono() - self._last_write_s < self._min_interval_s:
                 return False
-            return self._write(now_s)
+            return self._write(self._clock())
 
     def phase(self, phase: str, *, lease_s: float | None = None, keep_alive_s: float | None = None) -> bool:
         """Enter ``phase`` (always written, even within the rate limit). Every phase but ``train`` needs
@@ -349,7 +357,9 @@ class ProgressWriter:
             self._record["phase"] = phase
             self._record["lease_until"] = None if lease_s is None else round(now_s + lease_s, 3)
             self._lease_s = lease_s
-            self._keep_alive_until_s = None if keep_alive_s is None else now_s + keep_alive_s
+            mono = self._mono()
+            self._lease_until_m = None if lease_s is None else mono + lease_s
+            self._keep_alive_until_s = None if keep_alive_s is None else mono + keep_alive_s
             self._dirty = True
             return self._write(now_s)
 
@@ -369,17 +379,19 @@ class ProgressWriter:
         if not self._mine():
             return False
         with self._lock:
-            now_s = self._clock()
-            since = None if self._last_write_s is None else now_s - self._last_write_s
-            lease_until = self._record["lease_until"]
+            now_s, mono = self._clock(), self._mono()
+            since = None if self._last_write_s is None else mono - self._last_write_s
+            until_m = self._lease_until_m
             if (
-                lease_until is not None
+                self._record["lease_until"] is not None
+                and until_m is not None
                 and self._lease_s is not None
                 and self._keep_alive_until_s is not None
-                and lease_until < self._keep_alive_until_s
-                and lease_until - now_s < self._lease_s / 2
+                and until_m < self._keep_alive_until_s
+                and until_m - mono < self._lease_s / 2
             ):
-                self._record["lease_until"] = round(min(now_s + self._lease_s, self._keep_alive_until_s), 3)
+                self._lease_until_m = min(mono + self._lease_s, self._keep_alive_until_s)
+                self._record["lease_until"] = round(now_s + (self._lease_until_m - mono), 3)
                 self.renewals_total += 1
                 return self._write(now_s)
             if since is not None and since < self._min_interval_s:
@@ -389,7 +401,7 @@ class ProgressWriter:
             return False
 
     def _write(self, now_s: float) -> bool:
-        self._last_write_s = now_s  # also rate-limits retries into a broken directory
+        self._last_write_s = self._mono()  # also rate-limits retries into a broken directory
         self._record["time"] = round(now_s, 3)
         for key in ("step_time", "phase_time"):
             if self._record[key] is None:

@@ -260,7 +260,7 @@ class Daemon:
         value = {
             "boot_id": boot_id(),
             "anchor_s": self.timeline.anchor_s,
-            "offset_s": self.timeline._last_offset_s,
+            "offset_s": self.timeline.last_offset_s,
         }
         try:
             self.store.kv_set(self.TIMELINE_KEY, value, self.clock())
@@ -395,14 +395,7 @@ class Daemon:
                 self.reload()
                 period = self.config.daemon.period_s
             t0 = self.monotonic()
-            step = self.timeline.check_step()
-            if step is not None:
-                self.clock_step(step)
-            try:
-                self.cycle(self.clock(), wall=self.timeline.wall())
-                self._cycle_failed(None)
-            except Exception as e:
-                self._cycle_failed(e)
+            self.tick()
             self.stats.last_duration_s = self.monotonic() - t0
             now_m = self.monotonic()
             if self.notifier.watchdog_due(now_m):
@@ -415,6 +408,20 @@ class Daemon:
                 self.stats.worst_lateness_s = max(self.stats.worst_lateness_s, lateness)
                 next_tick += missed * period
             self._stop.wait(max(0.0, next_tick - self.monotonic()))
+
+    def tick(self) -> Snapshot | None:
+        """One cycle of the loop at the clock's time: a clock step is noticed (and moves nothing), then
+        :meth:`cycle` runs on the timeline; a failed cycle is counted, never raised."""
+        step = self.timeline.check_step()
+        if step is not None:
+            self.clock_step(step)
+        try:
+            snap = self.cycle(self.clock(), wall=self.timeline.wall())
+        except Exception as e:
+            self._cycle_failed(e)
+            return None
+        self._cycle_failed(None)
+        return snap
 
     def _cycle_failed(self, error: Exception | None) -> None:
         """Count consecutive failed cycles; the last good snapshot is republished with the count so
