@@ -156,9 +156,13 @@ def test_a_wall_clock_step_moves_no_verdict_lease_ladder_step_or_silence(tmp_pat
     assert all(abs(left - (125.0 - t)) < 1.5 for t, left in leases.items()), leases
     # the ladder: the alert rung waits alert_after_s from the suspicion; the silence lasts 90 s
     actions = [(e["time"] - daemon.started_at, e["payload"]) for e in events if e["kind"] == "action"]
-    alert = [(round(t), a["result"]) for t, a in actions if a.get("action") == "alert" and a.get("job") == "hung"]
+    alert = [
+        (round(t), a["result"]) for t, a in actions if a.get("action") == "alert" and a.get("job") == "hung"
+    ]
     assert alert and alert[0][1] == "silenced" and 55 <= alert[0][0] <= 60, alert
     fired = [t for t, result in alert if result in ("queued", "no_sinks")]
     assert fired and 90 <= fired[0] <= 92, alert
-    steps = [e["payload"] for e in events if e["kind"] == "daemon" and e["payload"].get("event") == "clock_step"]
+    steps = [
+        e["payload"] for e in events if e["kind"] == "daemon" and e["payload"].get("event") == "clock_step"
+    ]
     assert [round(s["step_s"]) for s in steps] == [600, -1200, 600]
