@@ -23,7 +23,7 @@ rewrites it every ``heartbeat_s`` while the rank is blocked - so a reader that s
 restarted watchdog) can only date the frozen step right from ``step_time``. Readers that do not know
 them ignore them; without them a reader falls back to ``time``.
 
-Who uses this module: the daemon's reader (``gpu_triage.progress``) takes its field names, phases and
+Who uses this module: the daemon's reader (``gpu_triage.signals.progress``) takes its field names, phases and
 limits from here; this project's trainer (``ft_trainer.progress`` re-exports the writer) and the
 framework integrations (``gpu_triage.integrations``) write through :class:`ProgressWriter`.
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from ft_trainer.progress import ProgressWriter
-from gpu_triage.clock import Timeline
-from gpu_triage.config import load_config, override
-from gpu_triage.daemon import Daemon
+from gpu_triage.actions.engine import ActionEngine
+from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.loop import Daemon
+from gpu_triage.model.clock import Timeline
 from gpu_triage.telemetry.none import NoneSource
 from tests.corpus.live import spawn_rank
 
@@ -98,6 +99,18 @@ def test_a_wall_clock_step_moves_no_verdict_lease_ladder_step_or_silence(tmp_pat
     )
     daemon = Daemon(config, NoneSource(), serve_http=False, clock=clock)
     daemon.start()
+    assert daemon.actions is not None and daemon.store is not None
+    daemon.actions.close()  # the same engine without py-spy: a rank in tracing-stop reads "suspended"
+    daemon.actions = ActionEngine(
+        actions=config.actions,
+        alerts=config.alerts,
+        store=daemon.store,
+        state_dir=tmp_path / "state",
+        node=daemon.node,
+        clock=daemon.clock,
+        py_spy=None,
+        nvidia_smi=None,
+    )
     silence = daemon.control.add_silence({"job": "hung"}, 90.0, "known issue", daemon.clock())
     assert silence["id"]
     seen: dict[int, dict[str, str]] = {}

@@ -1,4 +1,4 @@
-"""gpu_triage.logs: one line per event, text or JSON, rate-limited; and `gpu-watchdog run` writes them."""
+"""gpu_triage.journal.logs: one line per event, text or JSON, rate-limited; `gpu-watchdog run` writes them."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.logs import (
+from gpu_triage.journal.logs import (
     LOGGER_NAME,
-    Event,
     EventKind,
     EventLog,
+    LogLine,
     RateLimiter,
     configure,
     format_json,
@@ -57,7 +57,7 @@ def captured() -> Iterator[tuple[EventLog, list[logging.LogRecord], Clock]]:
 
 
 def test_text_line_is_one_line_with_key_values() -> None:
-    event = Event(
+    event = LogLine(
         EventKind.VERDICT,
         "qwen3-32b-ft",
         "healthy -> deadlock_suspected",

@@ -5,7 +5,7 @@ works here as long as it exposes the functions below). Every call runs on a per-
 under a hard deadline (:mod:`gpu_triage.telemetry.deadline`): a wedged GPU costs one deadline, then
 fails fast while it backs off, and never stops the other GPUs being read.
 
-Units, as NVML gives them and as :class:`~gpu_triage.telemetry.types.GpuSample` wants them:
+Units, as NVML gives them and as :class:`~gpu_triage.model.samples.GpuSample` wants them:
 
 ===================================  ==========================  =====================================
 GpuSample field                      NVML call                   conversion
@@ -51,10 +51,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
+from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
 from gpu_triage.telemetry.deadline import DeadlineExceeded, DeadlineExecutor, KeyHealth, Wedged
-from gpu_triage.telemetry.types import GpuInfo, GpuSample, TelemetryUnavailable
 
 __all__ = ["NvmlSource", "nvml_available"]
 
@@ -74,7 +74,7 @@ def _import_pynvml() -> ModuleType:
         raise TelemetryUnavailable(
             "the NVIDIA management library binding is not installed (pip install nvidia-ml-py)"
         ) from exc
-    return pynvml
+    return cast(ModuleType, pynvml)
 
 
 def _error_name(nvml: Any, exc: BaseException) -> str:
@@ -164,7 +164,7 @@ class NvmlSource:
         outcomes = self._ex.wait_all([self._ex.submit(b.index, self._read_info, b) for b in self._boards])
         for board, outcome in zip(self._boards, outcomes, strict=True):
             if outcome.ok:
-                board.info = outcome.value
+                board.info = cast(GpuInfo, outcome.value)
 
     # -- static facts -------------------------------------------------------------------------------
 
@@ -204,10 +204,10 @@ class NvmlSource:
         if self._closed:
             raise RuntimeError("NvmlSource is closed")
         pendings = [self._ex.submit(b.index, self._read_gpu, b, now_s) for b in self._boards]
-        samples = []
+        samples: list[GpuSample] = []
         for board, outcome in zip(self._boards, self._ex.wait_all(pendings), strict=True):
             if outcome.ok:
-                samples.append(outcome.value)
+                samples.append(cast(GpuSample, outcome.value))
             else:
                 samples.append(self._failed(board, now_s, outcome.error))
         return samples
