@@ -508,9 +508,10 @@ class ProgressReader:
 
     def read(self, now_s: float, *, wall_s: float | None = None) -> ProgressView:
         """Scan at ``now_s`` (the daemon's timeline, :mod:`gpu_triage.model.clock`); ``wall_s`` is the
-        wall clock now: the records' epoch times are placed on the timeline once, when a file is (re)read, keeping their
-        age (``now_s - (wall_s - t)``); a time a rewritten file repeats keeps its first placement, so a
-        clock step between two writes moves no lease and no step time. None: the same as ``now_s``."""
+        wall clock now: the records' epoch times are placed on the timeline once, when a file is
+        (re)read, keeping their age (``now_s - (wall_s - t)``); a time a rewritten file repeats keeps
+        its first placement, so a clock step between two writes moves no lease and no step time.
+        None: the same as ``now_s``."""
         self._now_s, self._wall_s = now_s, (now_s if wall_s is None else wall_s)
         errors: list[FileError] = []
         seen: dict[Path, _Cached] = {}
