@@ -19,6 +19,7 @@ BENCHES = {
     "triage": "benchmarks.bench_triage",
     "daemon": "benchmarks.bench_daemon",
     "api": "benchmarks.bench_api",
+    "health": "benchmarks.bench_health",
     "gate": "benchmarks.bench_gate",
     "trainer": "benchmarks.bench_trainer",
     "verdicts": "benchmarks.bench_verdicts",

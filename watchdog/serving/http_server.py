@@ -9,7 +9,8 @@ thread starts, so a taken port fails :meth:`HttpServer.start` at once with "HOST
 **Health that a flood cannot starve.** Every connection is guarded (:class:`_GuardedH11Protocol`): a
 connection must complete a request within ``request_timeout_s`` of opening or of its previous response
 (a slow-header or slow-body client - slowloris - is closed, never held for ever; a request whose body
-has fully arrived is never cut while the app answers it), and at most ``max_connections`` are open:
+has fully arrived is never cut while the app answers it), and at most ``max_connections`` are open
+(half the open-files limit, at most 4096):
 one more closes the connection that has gone longest without completing a request. File descriptors
 therefore stay bounded whatever a client does, and a fresh ``/healthz`` connection always gets in.
 Together with the cheap ``/healthz`` path and the ``/metrics`` body rendered once per cycle
@@ -57,8 +58,21 @@ class _ThreadServer(uvicorn.Server):
         return None
 
 
-MAX_CONNECTIONS = 512
-"""Open connections at most; one more evicts the one that has gone longest without a response."""
+MAX_CONNECTIONS = 4096
+"""Open connections at most (and never more than half the open-files limit: 512 at the usual 1024);
+one more evicts the connection that has gone longest without a response."""
+
+
+def connection_cap(ceiling: int = MAX_CONNECTIONS) -> int:
+    """The connection cap for this process: half its soft open-files limit, at most ``ceiling``."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return ceiling
+    return max(16, min(ceiling, soft // 2))
+
+
 REQUEST_TIMEOUT_S = 10.0
 """A connection must complete a request within this long of opening or of its previous response."""
 LISTEN_BACKLOG = 1024
@@ -151,7 +165,7 @@ class HttpServer:
         *,
         access_log: bool = False,
         log_level: str = "warning",
-        max_connections: int = MAX_CONNECTIONS,
+        max_connections: int | None = None,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.app = app
@@ -167,7 +181,11 @@ class HttpServer:
         self.protocol = type(
             "GuardedH11Protocol",
             (_GuardedH11Protocol,),
-            {"max_connections": max_connections, "request_timeout_s": request_timeout_s, "evicted": 0},
+            {
+                "max_connections": connection_cap() if max_connections is None else max_connections,
+                "request_timeout_s": request_timeout_s,
+                "evicted": 0,
+            },
         )
         """This server's protocol class: its ``evicted`` counts connections the guard closed."""
 
