@@ -115,6 +115,7 @@ def test_a_wall_clock_step_moves_no_verdict_lease_ladder_step_or_silence(tmp_pat
     assert silence["id"]
     seen: dict[int, dict[str, str]] = {}
     leases: dict[int, float] = {}
+    offsets: dict[int, float] = {}
     try:
         for w in writers.values():
             w.phase("train")
@@ -144,6 +145,7 @@ def test_a_wall_clock_step_moves_no_verdict_lease_ladder_step_or_silence(tmp_pat
             snap = daemon.tick()
             assert snap is not None
             seen[t] = {j.job: str(j.verdict) for j in snap.jobs}
+            offsets[t] = snap.clock_offset_s
             ckpt = next((j for j in snap.jobs if j.job == "ckpt"), None)
             if ckpt is not None and 6 <= t < 120:
                 leases[t] = max(r.lease_until or 0.0 for r in ckpt.ranks) - snap.time
@@ -179,3 +181,9 @@ def test_a_wall_clock_step_moves_no_verdict_lease_ladder_step_or_silence(tmp_pat
         e["payload"] for e in events if e["kind"] == "daemon" and e["payload"].get("event") == "clock_step"
     ]
     assert [round(s["step_s"]) for s in steps] == [600, -1200, 600]
+    assert (round(offsets[30]), round(offsets[40]), round(offsets[70]), round(offsets[90])) == (
+        0,
+        600,
+        -600,
+        0,
+    )

@@ -538,6 +538,7 @@ class Daemon:
             untrusted_progress_files=self._untrusted,
             input_errors=self._input_errors(),
             stacks={**self.stacks.status(), "nccl_ras": self.ras.status()},
+            clock_offset_s=(self._wall if self._wall is not None else now) - now,
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:

@@ -134,6 +134,7 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
     document["input_errors"] = _plain(list(snapshot.input_errors))
     document["failed_cycles"] = snapshot.failed_cycles
+    document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
     document["stacks"] = _plain(snapshot.stacks)
     return document
 
@@ -226,6 +227,11 @@ class StatusDoc(_Doc):
         "where, error",
     )
     failed_cycles: int = Field(0, description="Consecutive cycles that failed (this is the last good one)")
+    clock_offset_s: float = Field(
+        0.0,
+        description="Wall clock minus the daemon's monotonic timeline, on which every time here lies "
+        "(0 until the wall clock steps)",
+    )
     stacks: dict[str, Any] = Field(
         default_factory=dict,
         description="Stack sampler (py-spy): state (available, py_spy_missing, ptrace_denied, disabled), "
