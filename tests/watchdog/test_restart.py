@@ -119,7 +119,7 @@ capture_timeout_s = 10.0
         [
             sys.executable,
             "-m",
-            "ft_trainer.simjob",
+            "gpu_triage.demo.simjob",
             "--job",
             JOB,
             "--progress-dir",

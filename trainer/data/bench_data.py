@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from ft_trainer.config import JobConfig
-from ft_trainer.data import JobData
+from ft_trainer.data.data import JobData
 
 __all__ = ["ModeResult", "bench_mode", "verdict"]
 
