@@ -131,6 +131,7 @@ def _run_pretokenize(args: argparse.Namespace) -> int:
     if missing:
         print(f"ft-trainer pretokenize: missing {', '.join(missing)}", file=sys.stderr)
         return EXIT_BAD
+    assert out is not None and tok is not None  # both in `missing` otherwise
 
     def pick(arg: Any, key: str) -> Any:
         """The flag, else the job file's [data] value, else [data]'s default (written once, there)."""

@@ -195,7 +195,7 @@ def pretokenize(opts: PretokenizeOptions) -> PretokenizeResult:
     if skipped:
         log.info("pretokenize: %d of %d shards already done, resuming", skipped, len(units))
 
-    jobs = [
+    jobs: list[dict[str, Any]] = [
         {"unit": u, "root": str(root), "out_dir": str(out), "tokenizer": str(tok_file), "settings": settings}
         for u in todo
     ]

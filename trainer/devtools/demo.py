@@ -290,7 +290,7 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
         run = launch_local(off, log_dir=root / "logs-off", progress_dir=progress, job=JOB)
         cleanup.append(run)
         n.say(f"launched 2 ranks (pids {run.pids}, process group {run.pgid})")
-        seen: dict[str, float] = {}
+        seen: dict[str, Any] = {}
         last_line = ""
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:

@@ -242,7 +242,7 @@ class CheckpointManager:
 
     def remove_partial(self) -> list[str]:
         """Rank 0, before training: delete tags a crashed save left without ``trainer_state.json``."""
-        removed = []
+        removed: list[str] = []
         if self.rank != 0:
             return removed
         for c in list_checkpoints(self.directory):

@@ -258,7 +258,8 @@ class Trainer:
             import importlib
 
             # (by module path: the attribute deepspeed.comm.torch is the torch package itself)
-            importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+            shm_module: Any = importlib.import_module("deepspeed.comm.torch")
+            shm_module.build_shm_op = lambda: None
         backend = s.train.dist_backend
         if backend == "auto":
             backend = "nccl" if self.device == "cuda" else "gloo"

@@ -135,7 +135,7 @@ def build_model(cfg: JobConfig, settings: Settings, ds_config: dict[str, Any], *
     if init == "pretrained":
         assert weights is not None
         if cfg.zero.zero_init and _have_accelerate():
-            from transformers.integrations import HfDeepSpeedConfig
+            from transformers.integrations import HfDeepSpeedConfig  # type: ignore[attr-defined]
 
             hf_ds = HfDeepSpeedConfig(ds_config)  # from_pretrained then loads each shard into partitions
             partitioned = True
@@ -154,7 +154,9 @@ def build_model(cfg: JobConfig, settings: Settings, ds_config: dict[str, Any], *
             fields = cfg.model.spec.hf_config_dict()
             fields.pop("model_type", None)
             hf_config = Qwen3Config(**fields)
-        model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]  # resolved before zero.Init patches torch
+        model_cls: Any = MODEL_FOR_CAUSAL_LM_MAPPING[
+            type(hf_config)
+        ]  # resolved before zero.Init patches torch
         if cfg.zero.zero_init:
             module = _random_zero3(model_cls, hf_config, ds_config, kwargs)
             partitioned = True
