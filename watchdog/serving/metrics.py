@@ -79,6 +79,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_start_timestamp_seconds": "gauge",
     "gpu_watchdog_cycles_total": "counter",
     "gpu_watchdog_missed_cycles_total": "counter",
+    "gpu_watchdog_clock_offset_seconds": "gauge",
     "gpu_watchdog_failed_cycles_total": "counter",
     "gpu_watchdog_input_errors": "gauge",
     "gpu_watchdog_armed": "gauge",
@@ -367,6 +368,14 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     missed = _counter(PREFIX + "missed_cycles_total", "Ticks skipped because a cycle overran its period.", [])
     missed.add_metric([], float(snapshot.counters.get("missed_cycles_total", 0.0)))
     yield missed
+    offset = _gauge(
+        PREFIX + "clock_offset_seconds",
+        "Wall clock minus the daemon's monotonic timeline (0 until the wall clock steps).",
+        [],
+        "seconds",
+    )
+    offset.add_metric([], snapshot.clock_offset_s)
+    yield offset
     armed = _gauge(PREFIX + "armed", "1 when the daemon is armed to act (alert or kill), else 0.", [])
     armed.add_metric([], 1.0 if snapshot.armed else 0.0)
     yield armed
