@@ -43,7 +43,7 @@ from gpu_triage.control import (
     EventsReader,
     SilenceBook,
 )
-from gpu_triage.metrics import make_registry, render
+from gpu_triage.metrics import MetricsExposition, render
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.states import GpuState, Mode, Verdict
@@ -455,7 +455,9 @@ def create_app(
     if token is not None and not token.strip():
         raise ValueError("the auth token is empty; pass None to disable mutating calls")
     max_age_s = max(STALE_PERIODS * period_s, MIN_STALE_S)
-    registry = metrics_registry if metrics_registry is not None else make_registry(snapshots)
+    # /metrics: the snapshot's exposition is encoded once per published snapshot (MetricsExposition);
+    # a registry passed in (tests, embedders) is rendered at every scrape instead.
+    exposition = MetricsExposition(snapshots) if metrics_registry is None else None
     rendered: list[_Rendered] = []  # at most one entry: the latest snapshot's bodies
 
     app = FastAPI(
@@ -471,7 +473,8 @@ def create_app(
     app.state.snapshots = snapshots
     app.state.auth = _Auth(token)
     app.state.control = control
-    app.state.metrics_registry = registry
+    app.state.metrics_registry = metrics_registry
+    app.state.metrics_exposition = exposition
 
     def latest_or_503() -> Snapshot:
         snapshot = snapshots.latest()
@@ -561,7 +564,12 @@ def create_app(
     )
     async def metrics(request: Request) -> Response:
         """Prometheus exposition (OpenMetrics when the scraper asks for it)."""
-        body, content_type = render(registry, request.headers.get("accept"))
+        accept = request.headers.get("accept")
+        if exposition is not None:
+            body, content_type = exposition.render(accept)
+        else:
+            assert metrics_registry is not None
+            body, content_type = render(metrics_registry, accept)
         return Response(body, headers={"Content-Type": content_type})
 
     def accepted(mode: Mode, armed: bool) -> Response:

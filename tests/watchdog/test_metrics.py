@@ -11,7 +11,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from gpu_triage.metrics import METRIC_NAMES, _check_unit, make_registry, render
+from gpu_triage.metrics import METRIC_NAMES, MetricsExposition, _check_unit, make_registry, render
 from gpu_triage.pods import PodRef
 from gpu_triage.publish import SnapshotHolder
 from gpu_triage.snapshot import Snapshot
@@ -219,6 +219,49 @@ def test_each_scrape_renders_the_latest_snapshot() -> None:
     assert "gpu_watchdog_cycles_total 1.0" in render(registry)[0].decode()
     holder.publish(snapshot(cycle=2))
     assert "gpu_watchdog_cycles_total 2.0" in render(registry)[0].decode()
+
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+@pytest.mark.parametrize("accept", [None, OPENMETRICS])
+def test_the_cached_exposition_is_the_fresh_rendering(accept: str | None) -> None:
+    """/metrics' cache gives byte for byte what rendering the registry gives, in either format."""
+    holder = SnapshotHolder(full_snapshot())
+    exposition = MetricsExposition(holder, process_metrics=False)
+    fresh = render(make_registry(holder, process_metrics=False), accept)
+    assert exposition.render(accept) == fresh
+    assert exposition.render(accept) == fresh  # from the cache now
+
+
+def test_the_exposition_is_encoded_once_per_snapshot_and_format() -> None:
+    holder = SnapshotHolder(snapshot(cycle=1))
+    exposition = MetricsExposition(holder, process_metrics=False)
+    for _ in range(5):
+        assert "gpu_watchdog_cycles_total 1.0" in exposition.render()[0].decode()
+    assert exposition.renders == 1
+    exposition.render(OPENMETRICS)
+    assert exposition.renders == 2
+    holder.publish(snapshot(cycle=2))  # a new snapshot: rendered anew, never the old bytes
+    assert "gpu_watchdog_cycles_total 2.0" in exposition.render()[0].decode()
+    assert exposition.renders == 3
+
+
+def test_the_cached_exposition_keeps_process_metrics_live_and_one_openmetrics_eof() -> None:
+    exposition = MetricsExposition(SnapshotHolder(full_snapshot()))
+    text = exposition.render()[0].decode()
+    assert "process_resident_memory_bytes" in text and "gpu_watchdog_power_watts" in text
+    assert types(text).items() >= METRIC_NAMES.items()
+    body, content_type = exposition.render(OPENMETRICS)
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.count(b"# EOF") == 1 and body.endswith(b"# EOF\n")
+    families = {f.name for f in parse_openmetrics(body.decode())}  # the parser refuses a mid-body EOF
+    assert {"process_resident_memory_bytes", "gpu_watchdog_power_watts"} <= families
+
+
+def test_the_cached_exposition_is_empty_of_ours_before_the_first_cycle() -> None:
+    exposition = MetricsExposition(SnapshotHolder(None), process_metrics=False)
+    assert exposition.render() == (b"", exposition.render()[1])
 
 
 def test_the_global_registry_is_left_alone() -> None:
