@@ -172,7 +172,7 @@ def progress_seeds() -> list[bytes]:
 
 
 def run_csv(data: bytes, tmp: Path) -> str:
-    from gpu_triage import cli
+    from gpu_triage.cli import main as cli
 
     path = tmp / "rec.csv"
     path.write_bytes(data)
@@ -188,7 +188,7 @@ def run_csv(data: bytes, tmp: Path) -> str:
 
 
 def run_config(data: bytes, tmp: Path) -> str:
-    from gpu_triage.config import ConfigError, load_config
+    from gpu_triage.config.settings import ConfigError, load_config
 
     path = tmp / "config.toml"
     path.write_bytes(data)
@@ -202,7 +202,7 @@ def run_config(data: bytes, tmp: Path) -> str:
 
 
 def run_progress(data: bytes, tmp: Path) -> str:
-    from gpu_triage.progress import ProgressFormatError, ProgressReader, parse_record
+    from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
 
     try:
         parse_record(data)
