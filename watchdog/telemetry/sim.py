@@ -546,7 +546,11 @@ class Scenario:
         return float(sum(p.duration_s for p in self.phases))
 
     def _starts(self) -> np.ndarray:
-        return np.concatenate([[0.0], np.cumsum([p.duration_s for p in self.phases])[:-1]])
+        starts = self.__dict__.get("_starts_cache")
+        if starts is None:
+            starts = np.concatenate([[0.0], np.cumsum([p.duration_s for p in self.phases])[:-1]])
+            self.__dict__["_starts_cache"] = starts
+        return starts
 
     def locate(self, t_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(phase index, loop count, seconds into the phase) for scenario times ``t_s`` (clamped at 0)."""
@@ -723,6 +727,8 @@ class SimSource:
             raise ValueError(f"gpus must be >= 1, got {gpus}")
         self.seed = int(seed)
         self.start_s = start_s
+        self._fixed: dict[int, tuple[list[float], ...]] = {}
+        """Per phase index: the columns of :meth:`sample` that the phase alone sets."""
         self.pids_by_gpu: dict[int, tuple[int, ...]] = {}
         """Processes to report per GPU (a simulated job's ranks), set with :meth:`attach_pids`."""
         sc = self.scenario
@@ -755,6 +761,63 @@ class SimSource:
         self.pids_by_gpu = {int(g): tuple(int(p) for p in pids) for g, pids in pids_by_gpu.items()}
 
     def sample(self, now_s: float) -> list[GpuSample]:
+        # One time point: the rows of Scenario.render's arrays, computed on [G] rows with the same
+        # operations in the same order (so equal to the last digit), the phase's constant columns
+        # cached. render() over a one-element array costs ~4x more at 10 Hz x 16 GPUs.
+        sc, n = self.scenario, self.gpu_count
+        t = self.elapsed_s(now_s)
+        idx_a, loops_a, elapsed_a = sc.locate(np.array([t]))
+        idx, loops, el = int(idx_a[0]), float(loops_a[0]), float(elapsed_a[0])
+        tab = sc._table(n)
+        fixed = self._fixed.get(idx)
+        if fixed is None:
+            fixed = self._fixed[idx] = (
+                (np.round(tab["memory_used_fraction"][idx] * sc.memory_total_bytes / MIB) * MIB).tolist(),
+                tab["pcie_tx_bytes_per_s"][idx].tolist(),
+                tab["pcie_rx_bytes_per_s"][idx].tolist(),
+                tab["sm_clock_mhz"][idx].tolist(),
+                np.round(30.0 + 40.0 * tab["power_fraction"][idx]).tolist(),
+            )
+        memory, pcie_tx, pcie_rx, clock, temp = fixed
+        ticks = np.array([math.floor(max(t, 0.0) * sc.sample_rate_hz + 0.5)], dtype=np.int64)
+        frac = (
+            tab["power_fraction"][idx] + tab["power_jitter_fraction"][idx] * _noise(self.seed, ticks, n, 0)[0]
+        )
+        power = (np.clip(frac, 0.02, 1.2) * sc.power_limit_w).tolist()
+        util_raw = tab["utilization_ratio"][idx] + tab["util_jitter"][idx] * _noise(self.seed, ticks, n, 1)[0]
+        util = np.round(np.clip(util_raw, 0.0, 1.0), 2).tolist()
+        energy = (
+            loops * tab["energy_per_loop"] + tab["energy_before"][idx] + tab["energy_rate"][idx] * el
+        ).tolist()
+        nvlink = (
+            loops * tab["nvlink_per_loop"] + tab["nvlink_before"][idx] + tab["nvlink_rate"][idx] * el
+        ).tolist()
+        return [
+            GpuSample(
+                gpu=g,
+                time_s=now_s,
+                power_w=power[g],
+                power_instant_w=power[g],
+                energy_j=energy[g],
+                utilization_ratio=util[g],
+                memory_used_bytes=memory[g],
+                memory_total_bytes=info.memory_total_bytes,
+                sm_clock_mhz=clock[g],
+                temperature_c=temp[g],
+                power_limit_w=info.power_limit_w,
+                nvlink_tx_bytes=nvlink[g],
+                nvlink_rx_bytes=nvlink[g],
+                pcie_tx_bytes_per_s=pcie_tx[g],
+                pcie_rx_bytes_per_s=pcie_rx[g],
+                pids=self.pids_by_gpu.get(g, ()),
+                uuid=info.uuid,
+                name=info.name,
+            )
+            for g, info in enumerate(self._infos)
+        ]
+
+    def _sample_by_render(self, now_s: float) -> list[GpuSample]:
+        """The reference :meth:`sample` computes to the last digit (tests compare the two)."""
         frame = self.scenario.render(np.array([self.elapsed_s(now_s)]), gpus=self.gpu_count, seed=self.seed)
         power = frame.power_w[0].tolist()
         util = frame.utilization_ratio[0].tolist()
