@@ -30,6 +30,10 @@ from benchmarks.common import header, line
 GPUS = 16
 RANKS = 16
 RATE_PER_S = 200.0
+CPU_BUDGET = 0.02
+CPU_GOAL = 0.005  # dcgm-exporter's order
+#: The daemon's CPU share the issue-22 report measured here before the cost work (2.8-3.2 %).
+CPU_BASELINE_PERCENT = 3.0
 
 CHILD = r"""
 import sys, time
@@ -122,8 +126,10 @@ def run(quick: bool = False) -> None:
                 "daemon CPU share of one core",
                 100 * share,
                 "%",
-                budget="<= 2 %",
-                ok=share <= 0.02,
+                baseline=CPU_BASELINE_PERCENT,
+                baseline_name="issue 22 (2.8-3.2 %)",
+                budget=f"<= {100 * CPU_BUDGET:g} %, goal {100 * CPU_GOAL:g} %",
+                ok=share <= CPU_BUDGET,
                 higher_is_better=False,
             )
             line(
