@@ -283,11 +283,12 @@ def _group_html(g: WaitGroup) -> str:
         shown.append(f"... {len(first.frames) - MAX_SHOWN_FRAMES} more")
     frames = "\n".join(shown)
     same = len({d.info.fingerprint for d in g.dumps if d.info is not None}) == 1
-    note = (
-        "the same stack on every rank of the group"
-        if same
-        else "same place, stacks differ below it (shown: the first rank's)"
-    )
+    if n == 1:
+        note = "one rank"
+    elif same:
+        note = "the same stack on every rank of the group"
+    else:
+        note = "same place, stacks differ below it (shown: the first rank's)"
     return (
         f"<div class='group' data-key='{_e(g.key)}'><h3><span class='count'>{n} rank{'s' if n != 1 else ''}"
         f"</span> waiting in <code>{_e(info.phase)}{(' ' + _e(info.op)) if info.op else ''}</code> at "
@@ -329,10 +330,9 @@ def render_report(index: Mapping[str, Any], groups: Sequence[WaitGroup], status:
     elif places == 1:
         headline = f"All {ranked} ranks with a stack wait in the same place."
     else:
-        headline = (
-            f"{ranked} ranks with a stack wait in {places} different places: "
-            "the smallest group is the odd one."
-        )
+        sizes = sorted(len(g.dumps) for g in groups if g.key != "no stack")
+        odd = " the smallest group is the odd one." if sizes[0] < sizes[-1] else ""
+        headline = f"{ranked} ranks with a stack wait in {places} different places.{odd}"
     body = "".join(_group_html(g) for g in groups) or "<p class='sub'>No py-spy dump in this bundle.</p>"
     complete = index.get("complete")
     took = f"; took {_e(index.get('duration_s'))} s" if index.get("duration_s") is not None else ""
