@@ -325,6 +325,8 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
                 if job["verdict"] == "deadlock_confirmed" and "confirmed" not in seen:
                     seen["confirmed"] = time.time()
             for e in _events(base):
+                if e.get("job") != JOB:  # a shared machine's other jobs have events too
+                    continue
                 p = e.get("payload", {})
                 key = f"{p.get('action')}/{p.get('result')}" if e["kind"] == "action" else e["kind"]
                 if (
