@@ -235,9 +235,11 @@ background:#eef1f5;border-radius:3px;font-family:ui-monospace,monospace;font-siz
 
 
 def _findings(status: Mapping[str, Any]) -> str:
-    job = status.get("job") if isinstance(status.get("job"), dict) else {}
-    evidence = job.get("evidence") if isinstance(job.get("evidence"), dict) else {}
-    findings = evidence.get("findings") if isinstance(evidence.get("findings"), list) else []
+    def member(doc: Any, key: str, kind: type) -> Any:
+        value = doc.get(key) if isinstance(doc, dict) else None
+        return value if isinstance(value, kind) else kind()
+
+    findings = member(member(member(dict(status), "job", dict), "evidence", dict), "findings", list)
     if not findings:
         return "<p class='sub'>No findings recorded in status.json.</p>"
     rows = []

@@ -24,6 +24,7 @@ the jitter. ``temperature_c`` is a crude estimate (30 C + 40 C x mean power frac
 
 from __future__ import annotations
 
+import bisect
 import math
 import tomllib
 import uuid
@@ -702,6 +703,10 @@ def _as_scenario(scenario: Scenario | str | Path) -> Scenario:
 # -- the source -------------------------------------------------------------------------------------
 
 
+NOISE_BLOCK = 600
+"""Ticks of noise :meth:`SimSource.sample` computes at once (a minute at 10 Hz)."""
+
+
 class SimSource:
     """The :class:`~gpu_triage.model.samples.TelemetrySource` over a :class:`Scenario`.
 
@@ -728,6 +733,8 @@ class SimSource:
         self.seed = int(seed)
         self.start_s = start_s
         self._fixed: dict[int, tuple[list[float], ...]] = {}
+        self._starts: tuple[list[float], float] | None = None
+        self._noise_blocks: dict[int, tuple[int, np.ndarray]] = {}
         """Per phase index: the columns of :meth:`sample` that the phase alone sets."""
         self.pids_by_gpu: dict[int, tuple[int, ...]] = {}
         """Processes to report per GPU (a simulated job's ranks), set with :meth:`attach_pids`."""
@@ -766,8 +773,7 @@ class SimSource:
         # cached. render() over a one-element array costs ~4x more at 10 Hz x 16 GPUs.
         sc, n = self.scenario, self.gpu_count
         t = self.elapsed_s(now_s)
-        idx_a, loops_a, elapsed_a = sc.locate(np.array([t]))
-        idx, loops, el = int(idx_a[0]), float(loops_a[0]), float(elapsed_a[0])
+        idx, loops, el = self._locate_one(t)
         tab = sc._table(n)
         fixed = self._fixed.get(idx)
         if fixed is None:
@@ -815,6 +821,32 @@ class SimSource:
             )
             for g, info in enumerate(self._infos)
         ]
+
+    def _locate_one(self, t_s: float) -> tuple[int, float, float]:
+        """:meth:`Scenario.locate` for one time, in plain floats (the same operations, the same
+        results): (phase index, loop count, seconds into the phase)."""
+        sc = self.scenario
+        if self._starts is None:
+            self._starts = (sc._starts().tolist(), sc.duration_s)
+        starts, duration_s = self._starts
+        t = max(float(t_s), 0.0)
+        if sc.loop:
+            loops = float(math.floor(t / duration_s))
+            local = t - loops * duration_s
+        else:
+            loops, local = 0.0, t
+        idx = min(max(bisect.bisect_right(starts, local) - 1, 0), len(starts) - 1)
+        return idx, loops, local - starts[idx]
+
+    def _noise_row(self, tick: int, channel: int) -> np.ndarray:
+        """``_noise`` of one tick, from a block of :data:`NOISE_BLOCK` ticks computed at once (the
+        noise is a pure function of seed, tick, GPU and channel: a block gives the same values)."""
+        block = self._noise_blocks.get(channel)
+        if block is None or not block[0] <= tick < block[0] + NOISE_BLOCK:
+            ticks = np.arange(tick, tick + NOISE_BLOCK, dtype=np.int64)
+            block = (tick, _noise(self.seed, ticks, self.gpu_count, channel))
+            self._noise_blocks[channel] = block
+        return block[1][tick - block[0]]
 
     def _sample_by_render(self, now_s: float) -> list[GpuSample]:
         """The reference :meth:`sample` computes to the last digit (tests compare the two)."""
