@@ -248,6 +248,14 @@ dir = "{root / "ckpt"}"
 
 
 def run(quick: bool = False) -> None:
+    gate(quick)
+    header("trainer data path: cache vs stream tokens/s")
+    data_paths(DATA / "data-path", quick)
+
+
+def gate(quick: bool = False) -> None:
+    """The gate's whole-process wall and CPU time on the billion-token cache (``python -c 'from
+    benchmarks.bench_gate import gate; gate()'`` runs this part alone)."""
     total = 100_000_000 if quick else 1_000_000_000
     header(f"trainer gate: whole-process wall time, {total / 1e9:g} B tokens, 16 ranks, Qwen3-32B job")
     root = DATA / ("gate-100m" if quick else "gate-1b")
@@ -298,8 +306,6 @@ def run(quick: bool = False) -> None:
         )
     else:
         print("    gate verdict PASS")
-    header("trainer data path: cache vs stream tokens/s")
-    data_paths(DATA / "data-path", quick)
 
 
 if __name__ == "__main__":
