@@ -4,6 +4,7 @@
     python -m benchmarks --quick    # small inputs, a smoke run
     python -m benchmarks triage gate  # a selection
     python -m benchmarks verdicts     # the trust scorecard of the scenario corpus (~30 s)
+    python -m benchmarks triage_truth # triage's precision/recall over every recording in the test data
 
 Benchmarks measure and print; they never fail the build (machines here are shared and noisy).
 """
@@ -17,6 +18,7 @@ import time
 BENCHES = {
     "reader": "benchmarks.bench_reader",
     "triage": "benchmarks.bench_triage",
+    "triage_truth": "benchmarks.bench_triage_truth",
     "daemon": "benchmarks.bench_daemon",
     "api": "benchmarks.bench_api",
     "gate": "benchmarks.bench_gate",

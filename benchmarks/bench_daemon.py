@@ -85,7 +85,7 @@ def run(quick: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuwd-bench-") as tmp:
         state, progress = Path(tmp) / "state", Path(tmp) / "progress"
         start = time.time() + 1.0
-        job_cmd = [sys.executable, "-m", "ft_trainer.simjob", "--progress-dir", str(progress),
+        job_cmd = [sys.executable, "-m", "gpu_triage.demo.simjob", "--progress-dir", str(progress),
                    "--start-epoch", str(start), "--ranks", str(RANKS),
                    "--world-size", str(RANKS)]  # fmt: skip
         daemon_cmd = [sys.executable, "-c", CHILD, str(port), str(state), str(progress), str(start),

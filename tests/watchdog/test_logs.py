@@ -170,7 +170,7 @@ def test_run_in_observe_mode_logs_the_verdict_as_json(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "ft_trainer.simjob",
+            "gpu_triage.demo.simjob",
             "--progress-dir",
             str(progress),
             "--start-epoch",
