@@ -26,6 +26,7 @@ BENCHES = {
     "verdicts": "benchmarks.bench_verdicts",
     "stacks": "benchmarks.bench_stacks",
     "integrations": "benchmarks.bench_integrations",
+    "fleet": "benchmarks.bench_fleet",
 }
 
 

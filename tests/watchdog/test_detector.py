@@ -292,6 +292,8 @@ def test_daemon_config_mirrors_the_detector_config():
     theirs = {f.name: f.default for f in dataclasses.fields(config.DetectorConfig)}
     # the stack thresholds come from [stacks] (config.StacksConfig.detector_settings)
     theirs.update(config.StacksConfig().detector_settings())
+    # the fleet's staleness from [cluster], this node's name from [daemon] node
+    theirs.update(config.ClusterConfig().detector_settings(), fleet_node="this node")
     assert ours == theirs
 
 

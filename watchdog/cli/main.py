@@ -247,11 +247,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fetch GET /status from several daemons in parallel and compare them: per node its "
         "source, mode, GPU states and verdicts; which node entered the spin band (checkpoint_or_deadlock) "
         "first; per job, the rank whose step lags. Exit status: 0 ok, 1 a deadlock verdict on any node, "
-        "2 any daemon unreachable. See docs/cluster.md.",
-        epilog="example:\n  gpu-watchdog cluster node-a:9410 node-b:9410 --json | jq .first_in_spin_band",
+        "2 any daemon unreachable. With --prometheus, the same from every node's facts that Prometheus "
+        "already holds (one query, any number of nodes). See docs/cluster.md.",
+        epilog="examples:\n  gpu-watchdog cluster node-a:9410 node-b:9410 --json | jq .first_in_spin_band\n"
+        "  gpu-watchdog cluster --prometheus http://prometheus:9090 --job qwen3-32b-ft",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    cl.add_argument("urls", nargs="+", metavar="URL", help="host, host:port or http://host:port")
+    cl.add_argument("urls", nargs="*", metavar="URL", help="host, host:port or http://host:port")
+    cl.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="read every node's facts from this Prometheus (or Thanos/Mimir) instead of polling daemons",
+    )
+    cl.add_argument("--job", metavar="NAME", help="with --prometheus: only this training job")
     cl.add_argument("--json", action="store_true", help="one JSON document")
     cl.add_argument("--timeout", type=_positive_float, default=2.0, metavar="S", help="seconds (default 2)")
     cl.set_defaults(func=cmd_cluster)
@@ -403,6 +411,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    if args.prometheus:
+        from gpu_triage.cli.cluster_prometheus import run as from_prometheus
+
+        if args.urls:
+            print("gpu-watchdog cluster: give daemon URLs or --prometheus, not both", file=sys.stderr)
+            return 2
+        return from_prometheus(args.prometheus, job=args.job, as_json=args.json, timeout_s=args.timeout)
+    if not args.urls:
+        print("gpu-watchdog cluster: give daemon URLs, or --prometheus URL", file=sys.stderr)
+        return 2
     from gpu_triage.cli.cluster import run
 
     return run(args.urls, as_json=args.json, timeout_s=args.timeout)

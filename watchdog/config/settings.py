@@ -202,6 +202,22 @@ def runbook_base(value: Any) -> str | None:
         raise _Invalid(str(e).removeprefix("expected ").split(", got ")[0]) from None
 
 
+@_takes_text
+def optional_http_url(value: Any) -> str | None:
+    """An http(s) URL with a host ("" = none)."""
+    from urllib.parse import urlsplit
+
+    expected = 'an http(s) URL (e.g. "http://prometheus:9090"), or "" for none'
+    if value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 2048 or any(c.isspace() for c in value):
+        raise _Invalid(expected)
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise _Invalid(expected)
+    return value
+
+
 def argv(value: Any) -> tuple[str, ...]:
     """A command as an argument vector (never run through a shell); [] for none."""
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -472,6 +488,30 @@ class RasConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Other nodes' facts about a job from the Prometheus that scrapes every daemon (docs/cluster.md)."""
+
+    prometheus_url: str | None = field(
+        default=None,
+        metadata=meta(optional_http_url, "Prometheus (or Thanos/Mimir) query API; empty: per-node only"),
+    )
+    min_interval_s: float = field(
+        default=5.0, metadata=meta(number(1, 3600), "at most one query per suspicious job this often")
+    )
+    timeout_s: float = field(default=3.0, metadata=meta(number(0.1, 60), "limit of one query"))
+    max_response_bytes: int = field(
+        default=32 << 20, metadata=meta(integer(1024, 1 << 30), "an answer larger than this is refused")
+    )
+    stale_after_s: float = field(
+        default=15.0, metadata=meta(number(1, 3600), "another node's facts older than this are unknown")
+    )
+
+    def detector_settings(self) -> dict[str, Any]:
+        """The detector's fleet settings (the node's name comes from [daemon] node)."""
+        return {"fleet_stale_after_s": self.stale_after_s}
+
+
+@dataclass(frozen=True, slots=True)
 class EventsConfig:
     retention_days: float = field(
         default=30.0, metadata=meta(number(0, 3650, low_open=True), "age limit of events")
@@ -572,6 +612,7 @@ class Config:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     stacks: StacksConfig = field(default_factory=StacksConfig)
     ras: RasConfig = field(default_factory=RasConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -588,6 +629,7 @@ SECTIONS: dict[str, type] = {
     "detector": DetectorConfig,
     "stacks": StacksConfig,
     "ras": RasConfig,
+    "cluster": ClusterConfig,
     "events": EventsConfig,
     "evidence": EvidenceConfig,
     "auth": AuthConfig,

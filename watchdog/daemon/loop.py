@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,10 +31,13 @@ from gpu_triage.daemon.sdnotify import SdNotifier
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.samples import TelemetrySource
-from gpu_triage.model.snapshot import JobStatus, Snapshot
+from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
 from gpu_triage.model.states import Mode, Verdict
 from gpu_triage.serving.control import QueuedControl
 from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.fleet.facts import JobFacts, local_facts, spin_since_by_gpu
+from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
+from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.nccl_ras.poller import RasConfig, RasPoller
 from gpu_triage.signals.pods import PodResolver
 from gpu_triage.signals.processes import ProcessInspector, ProgressClaim
@@ -100,6 +103,8 @@ class Daemon:
         self.detector = Detector(detector_settings(config))
         self.stacks = make_sampler(config)
         self.ras = make_ras(config)
+        self.fleet = make_fleet(config)
+        self._fleet_facts: tuple[JobFacts, ...] = ()
         self.progress = ProgressReader(
             config.progress.dir, stale_after_s=config.progress.stale_after_s, host=socket.gethostname()
         )
@@ -266,6 +271,7 @@ class Daemon:
         if self.store is not None:
             self.store.close()
         self.stacks.close()
+        self.fleet.close()
 
     # -- the loop -------------------------------------------------------------------------------
     def run_forever(self) -> None:
@@ -407,6 +413,8 @@ class Daemon:
             untrusted_progress_files=self._untrusted,
             input_errors=self._input_errors(),
             stacks={**self.stacks.status(), "nccl_ras": self.ras.status()},
+            fleet=self._fleet_facts,
+            cluster=self.fleet.status(),
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
@@ -450,6 +458,7 @@ class Daemon:
         )
         self._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in self._process_view.untrusted)])
         jobs = self._with_stacks(now, jobs)
+        jobs = self._with_remote(now, jobs)
         gviews = [
             GpuView(
                 g.gpu,
@@ -461,6 +470,7 @@ class Daemon:
             for g in statuses
         ]
         results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
+        self._fleet_facts = self._local_facts(now, jobs, results, statuses)
         for j in results:
             prev = self._verdicts.get(j.job)
             if prev is not j.verdict:
@@ -524,6 +534,69 @@ class Daemon:
         self.ras.request(now, suspicious)
         return out
 
+    def _with_remote(self, now: float, jobs: list[JobView]) -> list[JobView]:
+        """[cluster]: hand each job whose world is larger than its ranks here the other nodes' latest
+        facts (gpu_triage.signals.fleet), asking Prometheus again - off this thread - while it is
+        suspicious."""
+        if not self.fleet.enabled:
+            return jobs
+        out = []
+        for j in jobs:
+            world = j.world_size if j.world_size is not None else (j.stacks.world_size if j.stacks else None)
+            if world is None or world <= len({r.rank for r in j.ranks}):
+                out.append(j)
+                continue
+            prev = self._verdicts.get(j.job)
+            waiting = j.stacks is not None and any(
+                s.samples > 1 and s.info.phase is StackPhase.COLLECTIVE for s in j.stacks.ranks.values()
+            )
+            self.fleet.request(now, j.job, waiting or (prev is not None and prev not in _CALM))
+            remote = self.fleet.latest(j.job)
+            if remote is None:
+                remote = RemoteFacts(
+                    j.job, now, error="not asked for: the job was never suspicious", asked=False
+                )
+            out.append(replace(j, remote=remote))
+        self.fleet.forget({j.job for j in jobs})
+        return out
+
+    def _local_facts(
+        self, now: float, jobs: list[JobView], results: tuple[JobStatus, ...], statuses: Sequence[GpuStatus]
+    ) -> tuple[JobFacts, ...]:
+        """This node's facts about each job, exported for the other nodes (gpu_watchdog_fleet_*)."""
+        spin = spin_since_by_gpu(statuses)
+        by_job = {j.job: j for j in results}
+        d = self.detector.config
+        out = []
+        for view in jobs:
+            st = by_job.get(view.job)
+            if st is None:
+                continue
+            ev = st.evidence
+            world = (
+                view.world_size
+                if view.world_size is not None
+                else (view.stacks.world_size if view.stacks is not None else None)
+            )
+            out.append(
+                local_facts(
+                    now,
+                    self.node,
+                    job=view.job,
+                    world_size=world,
+                    ranks=view.ranks,
+                    stacks=view.stacks,
+                    verdict=str(st.verdict),
+                    onset=st.onset,
+                    kill_worthy=st.kill_worthy,
+                    writing=float(ev.get("bytes_written_recently") or 0.0) >= d.write_active_bytes,
+                    reading=float(ev.get("bytes_read_recently") or 0.0) >= d.read_active_bytes,
+                    gpu_spin_since=spin,
+                    fresh_s=d.stacks_fresh_s,
+                )
+            )
+        return tuple(out)
+
     def _event(
         self,
         kind: str,
@@ -574,6 +647,9 @@ class Daemon:
             self.stacks = make_sampler(new)
         if new.ras != self.config.ras:
             self.ras = make_ras(new)
+        if new.cluster != self.config.cluster:
+            self.fleet.close()
+            self.fleet = make_fleet(new)
         if new.progress != self.config.progress:
             self.progress = ProgressReader(
                 new.progress.dir, stale_after_s=new.progress.stale_after_s, host=socket.gethostname()
@@ -607,7 +683,25 @@ def validate_classifier(config: Config) -> None:
 
 
 def detector_settings(config: Config) -> DetectorSettings:
-    return DetectorSettings(**asdict(config.detector), **config.stacks.detector_settings())
+    return DetectorSettings(
+        **asdict(config.detector),
+        **config.stacks.detector_settings(),
+        **config.cluster.detector_settings(),
+        fleet_node=config.daemon.node,
+    )
+
+
+def make_fleet(config: Config) -> FleetPoller:
+    c = config.cluster
+    return FleetPoller(
+        PollerConfig(
+            prometheus_url=c.prometheus_url,
+            node=config.daemon.node,
+            min_interval_s=c.min_interval_s,
+            timeout_s=c.timeout_s,
+            max_response_bytes=c.max_response_bytes,
+        )
+    )
 
 
 _CALM = (Verdict.HEALTHY, Verdict.CHECKPOINT)

@@ -103,3 +103,8 @@ class Snapshot:
     stacks: dict[str, Any] = field(default_factory=dict)
     """The stack sampler's status: state (available, py_spy_missing, ptrace_denied, disabled), its
     CPU spend over the last minute against its budget, dump counters."""
+    fleet: tuple[Any, ...] = ()
+    """This node's facts about each job's ranks, for the other nodes (gpu_watchdog_fleet_* series):
+    :class:`gpu_triage.signals.fleet.facts.JobFacts` values (typed there: the model layer is below it)."""
+    cluster: dict[str, Any] = field(default_factory=dict)
+    """The reader of other nodes' facts ([cluster]): Prometheus URL, queries, last error."""

@@ -135,6 +135,7 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["input_errors"] = _plain(list(snapshot.input_errors))
     document["failed_cycles"] = snapshot.failed_cycles
     document["stacks"] = _plain(snapshot.stacks)
+    document["cluster"] = _plain(snapshot.cluster)
     return document
 
 
@@ -231,6 +232,12 @@ class StatusDoc(_Doc):
         description="Stack sampler (py-spy): state (available, py_spy_missing, ptrace_denied, disabled), "
         "cpu_s_last_min against budget_cpu_s_per_min, dump counters, nccl_ras (the RAS poller); per-job "
         "stacks and RAS facts are in the job evidence",
+    )
+    cluster: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Other nodes' facts from Prometheus ([cluster]): prometheus_url (null: per-node only), "
+        "queries_total, errors_total, last_error; per job, evidence.fleet says what they completed or "
+        "vetoed, or why they are unknown (fallback: per-node judgment)",
     )
 
 

@@ -41,6 +41,8 @@ from prometheus_client.registry import Collector
 from gpu_triage.model.snapshot import GpuStatus, Snapshot
 from gpu_triage.model.states import GPU_STATES, VERDICTS, Mode
 from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.fleet.exposition import METRIC_NAMES as FLEET_METRIC_NAMES
+from gpu_triage.signals.fleet.exposition import fleet_metrics
 
 PREFIX = "gpu_watchdog_"
 GPU_LABELS = ("gpu", "UUID", "Hostname")
@@ -85,6 +87,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_armed": "gauge",
     "gpu_watchdog_mode": "gauge",
     "gpu_watchdog_info": "info",
+    **FLEET_METRIC_NAMES,
 }
 
 
@@ -374,6 +377,7 @@ def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield from _job_metrics(snapshot)
     yield from _daemon_metrics(snapshot)
     yield from _error_metrics(snapshot)
+    yield from fleet_metrics(snapshot.fleet)
 
 
 class SnapshotCollector(Collector):

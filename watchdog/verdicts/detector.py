@@ -43,6 +43,7 @@ or a lease has its own budget, learned from this job's first steps (:mod:`gpu_tr
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ from typing import Any
 from gpu_triage.model.findings import Finding, Signal, Stance, context, hang, progress
 from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import GpuState, Verdict
+from gpu_triage.signals.fleet.fusion import FleetEvidence, FleetState, FusionConfig, fuse
+from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.nccl_ras.evidence import RasFacts
 from gpu_triage.signals.stacks.dumps import StackSummary
 from gpu_triage.signals.stacks.evidence import (
@@ -109,6 +112,15 @@ class DetectorConfig:
     stacks_fresh_s: float = 30.0
     stacks_checkpoint_max_s: float = 1800.0
     stacks_asleep_cpu_ratio: float = 0.3
+    fleet_node: str = "this node"
+    """This node's name ([daemon] node): how its ranks are named among the world's (signals.fleet)."""
+    fleet_stale_after_s: float = 15.0
+    """Other nodes' facts older than this are unknown ([cluster] stale_after_s)."""
+
+    def fusion(self) -> FusionConfig:
+        return FusionConfig(
+            stale_after_s=self.fleet_stale_after_s, frozen_s=self.stacks_frozen_s, fresh_s=self.stacks_fresh_s
+        )
 
     def stacks(self) -> StackEvidenceConfig:
         return StackEvidenceConfig(
@@ -194,6 +206,9 @@ class JobView:
     """The ranks' latest Python stacks (the stack sampler), None when none was taken."""
     ras: RasFacts | None = None
     """What NCCL's RAS service said about the job's communicators (None: not polled, not found)."""
+    remote: RemoteFacts | None = None
+    """Other nodes' facts about the job from Prometheus (``[cluster]``; None: not configured, or
+    every rank of the world is on this node). Only completes or vetoes this node's evidence."""
 
 
 @dataclass
@@ -264,6 +279,7 @@ class _Facts:
     unseen: int
     nvlink_frozen: float | None
     stacks: StackFacts | None = None
+    fleet: FleetEvidence | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +440,7 @@ class Detector:
         first = (FirstStep.AFTER_START if FirstStep.AFTER_START in firsts else firsts[0]) if firsts else None
         visible = len({r.rank for r in job.ranks if r.step is not None})
         unseen = max(0, (job.world_size or 0) - visible) if job.has_progress else 0
+        stacks, fleet = self._fleet(now, job, self._stack_facts(now, job, mem))
         return _Facts(
             job_gpus=job_gpus,
             gpus_inferred=gpus_inferred,
@@ -452,8 +469,30 @@ class Detector:
             interval_s=mem.timing.interval_s(),
             unseen=unseen,
             nvlink_frozen=self._nvlink_frozen_since(job_gpus, mem),
-            stacks=self._stack_facts(now, job, mem),
+            stacks=stacks,
+            fleet=fleet,
         )
+
+    def _fleet(
+        self, now: float, job: JobView, sf: StackFacts | None
+    ) -> tuple[StackFacts | None, FleetEvidence | None]:
+        """Other nodes' facts (gpu_triage.signals.fleet.fusion): a complete world completes this node's stack
+        facts (the world's odd ranks named); never anything else here."""
+        if job.remote is None:
+            return sf, None
+        world = job.world_size if job.world_size is not None else (sf.world_size if sf is not None else None)
+        fleet = fuse(
+            now,
+            own_node=self.config.fleet_node,
+            world_size=world,
+            local_ranks=sorted({r.rank for r in job.ranks if r.alive is not False}),
+            local_stacks=sf,
+            remote=job.remote,
+            cfg=self.config.fusion(),
+        )
+        if fleet.stacks_complete and sf is not None:
+            sf = dataclasses.replace(sf, complete=True, odd=fleet.odd_ranks())
+        return sf, fleet
 
     def _stack_facts(self, now: float, job: JobView, mem: _JobMemory) -> StackFacts | None:
         alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
@@ -516,6 +555,8 @@ class Detector:
         but a rank reading (loading data) explains them instead."""
         if f.writing:
             return "the job's ranks are writing"
+        if f.fleet is not None and f.fleet.veto:
+            return f"another node: {f.fleet.veto}"
         if f.stacks is not None and f.stacks.in_save:
             return "a rank's stack is inside a checkpoint save"
         if f.dstate:
@@ -560,9 +601,15 @@ class Detector:
             assert f.frozen_since is not None and f.spin_since is not None
             remote = f.unseen > 0
             provable = not remote or (job.lease_scope == "job" and f.first is None)
-            if provable and f.frozen_s >= self._fast_budget_s(f, mem.timing, remote=remote):
+            frozen_s = f.frozen_s
+            completed = remote and not provable and self._remote_steps_frozen(now, f)
+            if completed:  # every other node's rank frozen and spinning too (gpu_triage.signals.fleet)
+                assert f.fleet is not None and f.fleet.remote_frozen_since is not None
+                frozen_s = min(frozen_s, now - f.fleet.remote_frozen_since)
+            if (provable or completed) and frozen_s >= self._fast_budget_s(f, mem.timing, remote=remote):
                 onset = min(f.frozen_since, f.spin_since)
-                return onset, [str(Signal.STEPS_FROZEN), str(Signal.SPIN_BAND), str(Signal.NO_WRITES)]
+                signals = [str(Signal.STEPS_FROZEN), str(Signal.SPIN_BAND), str(Signal.NO_WRITES)]
+                return onset, signals + ([str(Signal.REMOTE_COMPLETE)] if completed else [])
         # K5: frozen steps + the asymmetric split, naming the odd GPUs
         if frozen and asym:
             assert f.frozen_since is not None and f.majority_since is not None
@@ -601,6 +648,17 @@ class Detector:
             return f.spin_since, [str(Signal.SPIN_BAND), str(Signal.NO_WRITES), str(Signal.NO_PROGRESS_FILES)]
         return None
 
+    def _remote_steps_frozen(self, now: float, f: _Facts) -> bool:
+        fl = f.fleet
+        return (
+            fl is not None
+            and fl.state is FleetState.COMPLETE
+            and f.first is None
+            and fl.remote_frozen_since is not None
+            and fl.remote_spin_since is not None
+            and now - fl.remote_spin_since >= self.config.spin_min_s
+        )
+
     def _stacks_hung(
         self, now: float, job: JobView, mem: _JobMemory, f: _Facts, veto: str | None, spun: bool
     ) -> tuple[float, list[str]] | None:
@@ -610,8 +668,10 @@ class Detector:
         if any(r.alive is False for r in job.ranks):
             return None
         signals = [str(Signal.STACKS_FROZEN)]
-        if sf.pattern.different:
+        if sf.pattern.different or sf.odd:
             signals.append(str(Signal.STACKS_DIVERGED))
+        if f.fleet is not None and f.fleet.stacks_complete:
+            signals.append(str(Signal.REMOTE_COMPLETE))
         onset = sf.frozen_since
         if job.has_progress:
             if not (f.train and f.frozen_since is not None):
@@ -881,6 +941,7 @@ class Detector:
         for u in job.untrusted:
             out.append(context(Signal.UNTRUSTED_PROGRESS_FILE, str(u.get("reason", "")), since=None))
         out.extend(stack_findings(now, f.stacks, self.config.stacks()))
+        out.extend(_fleet_findings(f.fleet))
         ras = job.ras
         if ras is not None and ras.counts_frozen_since is not None:
             detail = "NCCL RAS: no collective launched on the job's communicators between polls"
@@ -934,6 +995,8 @@ class Detector:
         if f.stacks is not None:
             evidence["stacks"] = f.stacks.to_dict()
             evidence["stacks_where"] = where(f.stacks)
+        if f.fleet is not None:
+            evidence["fleet"] = f.fleet.to_dict()
         return evidence
 
     @staticmethod
@@ -1012,6 +1075,22 @@ class Detector:
 
 
 __all__ = ["Detector", "DetectorConfig", "GpuView", "JobView", "RankView"]
+
+
+def _fleet_findings(fl: FleetEvidence | None) -> list[Finding]:
+    if fl is None:
+        return []
+    if fl.state is FleetState.VETO:
+        return [progress(Signal.REMOTE_VETO, fl.reason)]
+    if fl.state is FleetState.UNKNOWN:
+        return [context(Signal.REMOTE_UNKNOWN, f"{fl.reason}: this node's own judgment only")]
+    if fl.stacks_complete:
+        odd = f"; odd: {fl.named_odd()}" if fl.odd else ""
+        detail = f"every rank of the world frozen, on {len(fl.nodes) + 1} nodes{odd}"
+        return [hang(Signal.REMOTE_COMPLETE, detail, fl.frozen_since, ranks=fl.odd_ranks())]
+    if fl.state is FleetState.COMPLETE:
+        return [hang(Signal.REMOTE_COMPLETE, fl.reason, fl.remote_frozen_since)]
+    return [context(Signal.REMOTE_UNKNOWN, fl.reason)]
 
 
 def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:
