@@ -29,7 +29,7 @@ OPERATOR_GUIDE = REPO / "docs" / "operator-guide.md"
 #: Verdicts that are a problem to alert on (healthy and an announced checkpoint are not).
 ALERTED_VERDICTS = {v.value for v in Verdict} - {Verdict.HEALTHY.value, Verdict.CHECKPOINT.value}
 #: Runbook anchors that are not verdicts.
-OTHER_RUNBOOKS = {"daemon_down", "rank_step_lag", "input_errors"}
+OTHER_RUNBOOKS = {"daemon_down", "rank_step_lag", "input_errors", "gpu_held_idle"}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:

@@ -419,6 +419,18 @@ class DetectorConfig:
     cpu_contention_ratio: float = field(
         default=0.9, metadata=meta(number(0, 64), "a starving rank using this share of a core is CPU-bound")
     )
+    slow_max_budgets: float = field(
+        default=10.0,
+        metadata=meta(
+            number(1, 1000), "slow (GPUs computing, steps frozen) this many stall budgets -> stalled"
+        ),
+    )
+    idle_held_after_s: float = field(
+        default=300.0,
+        metadata=meta(
+            number(10, 86400), "no progress files: job GPUs idle with memory held this long -> cannot_judge"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

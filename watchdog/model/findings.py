@@ -39,6 +39,9 @@ class Signal(StrEnum):
     """Every rank's Python stack unchanged for ``stacks_frozen_s``, waiting in a collective."""
     STACKS_DIVERGED = "stacks_diverged"
     """Frozen ranks wait in different places (other collectives or call sites): the odd ranks named."""
+    STACKS_PHASE_SPLIT = "stacks_phase_split"
+    """Some ranks wait in a collective inside a save or an eval while the others are frozen inside a
+    training step (the epoch-end deadlock of uneven shards, with the save or eval as the odd phase)."""
     RANKS_ASLEEP = "ranks_asleep"
     NCCL_COUNTS_FROZEN = "nccl_counts_frozen"
     """NCCL RAS: no collective launched between two polls on the job's communicators."""

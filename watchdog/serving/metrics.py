@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from gpu_triage.model.snapshot import GpuStatus, Snapshot
-from gpu_triage.model.states import GPU_STATES, VERDICTS, Mode
+from gpu_triage.model.states import GPU_STATES, VERDICTS, GpuState, Mode
 from gpu_triage.serving.publish import SnapshotHolder
 from gpu_triage.signals.fleet.exposition import METRIC_NAMES as FLEET_METRIC_NAMES
 from gpu_triage.signals.fleet.exposition import fleet_metrics
@@ -63,6 +63,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_state": "gauge",
     "gpu_watchdog_state_since_timestamp_seconds": "gauge",
     "gpu_watchdog_read_errors_total": "counter",
+    "gpu_watchdog_gpu_held_idle_seconds": "gauge",
     "gpu_watchdog_verdict": "gauge",
     "gpu_watchdog_verdict_onset_timestamp_seconds": "gauge",
     "gpu_watchdog_verdict_raised_timestamp_seconds": "gauge",
@@ -200,6 +201,38 @@ def _gpu_metrics(gpus: tuple[GpuStatus, ...], hostname: str) -> Iterator[Metric]
     for family, _attribute in per_gpu:
         yield family
     yield from (sm_clock, state, read_errors)
+
+
+HELD_MEMORY_BYTES = 1 << 30
+"""A GPU with at least this much memory in use is held by a live process (freed when it exits)."""
+
+
+def held_idle_s(gpu: GpuStatus, now: float) -> float | None:
+    """Seconds the GPU has been ``idle`` while a process holds its memory (None: it is not)."""
+    memory = _finite(gpu.memory_used_bytes)
+    if gpu.state != GpuState.IDLE or memory is None or memory < HELD_MEMORY_BYTES or gpu.state_since is None:
+        return None
+    return max(0.0, now - gpu.state_since)
+
+
+def _held_idle(snapshot: Snapshot) -> Metric:
+    """GPUs held idle (issue 19): idle with memory held by a live process - a hung data loader, a
+    job paused on purpose, a forgotten notebook. One series per such GPU, labelled with the job whose
+    rank the daemon tied to it (empty: no job is tied to it, e.g. a container without host PIDs)."""
+    family = _gauge(
+        PREFIX + "gpu_held_idle_seconds",
+        "Seconds the GPU has been idle with memory held by a live process (absent when it is not).",
+        [*GPU_LABELS, JOB_LABEL],
+        "seconds",
+    )
+    holder = {
+        r.gpu: j.job for j in snapshot.jobs for r in j.ranks if r.gpu is not None and r.alive is not False
+    }
+    for gpu in snapshot.gpus:
+        held = held_idle_s(gpu, snapshot.time)
+        if held is not None:
+            family.add_metric([*_gpu_labels(gpu, snapshot.node), holder.get(gpu.gpu, "")], held)
+    return family
 
 
 def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
@@ -374,6 +407,7 @@ def _error_metrics(snapshot: Snapshot) -> Iterator[Metric]:
 def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     """All metric families for one snapshot (pure: the snapshot in, families out)."""
     yield from _gpu_metrics(snapshot.gpus, snapshot.node)
+    yield _held_idle(snapshot)
     yield from _job_metrics(snapshot)
     yield from _daemon_metrics(snapshot)
     yield from _error_metrics(snapshot)

@@ -28,13 +28,20 @@ a hang from two independent signals with nothing speaking against it:
   the odd GPUs are named;
 - **K4 power only** (no progress files): every job GPU in the spin band for ``power_only_after_s``,
   no writes - kill-worthy only with ``power_only_can_kill = true``; by default it is ``stalled``:
-  a save whose writer is on another node looks exactly the same (the multi-node blind spot).
+  a save whose writer is on another node looks exactly the same (the multi-node blind spot);
+- **K6 stacks** (py-spy): every rank of the world frozen in a collective, or *split* - some ranks
+  waiting in a collective inside a save or an eval while all others are frozen inside a training step
+  (the reference failure: rank 0 in ``save_checkpoint``'s barrier, rank 1 in its step's
+  reduce-scatter) - plus a second signal (frozen steps, the spin band, RAS counts, ranks asleep).
 
 Evidence against a hang vetoes the hung class: writes, ranks in D-state (storage), a stopped rank
-(``suspended``), GPUs in the compute or communication band. Everything else that lacks progress is
-alert-worthy at most: ``stalled`` (no progress past the budget, no proof), ``slow`` (past the budget
-but the GPUs work, or a lease overran while they compute), ``stalled_checkpoint``, ``data_starvation``,
-``suspended``, ``telemetry_lost``.
+(``suspended``), GPUs in the compute or communication band (for K6 only a computing GPU).
+Everything else that lacks progress is alert-worthy at most: ``stalled`` (no progress past the
+budget, no proof), ``slow`` (past the budget but every busy GPU computes, or a lease overran while
+they compute - for at most ``slow_max_budgets`` stall budgets, and never while most GPUs spin or none
+computes: then ``stalled``), ``stalled_checkpoint``, ``data_starvation``, ``suspended``,
+``telemetry_lost``, and ``cannot_judge`` (no progress files and nothing else here that could show
+progress or a hang, or GPUs held idle).
 
 **Time from the right moment**: a rank's frozen time starts at its last step change *or* its return to
 ``train``, whichever is later, so time spent under a lease never counts. The first step after a start
@@ -55,7 +62,7 @@ from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.signals.fleet.fusion import FleetEvidence, FleetState, FusionConfig, fuse
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.nccl_ras.evidence import RasFacts
-from gpu_triage.signals.stacks.dumps import StackSummary
+from gpu_triage.signals.stacks.dumps import AVAILABLE, StackSummary
 from gpu_triage.signals.stacks.evidence import (
     StackEvidenceConfig,
     StackFacts,
@@ -106,6 +113,12 @@ class DetectorConfig:
     """How fast the learned step interval comes down (it goes up at once)."""
     cpu_contention_ratio: float = 0.9
     """A starving rank using this share of a core is CPU-bound (cause cpu_contention)."""
+    slow_max_budgets: float = 10.0
+    """``slow`` (frozen steps while every job GPU computes) for this many stall budgets is ``stalled``:
+    frozen steps for that long are not slowness, whatever the GPUs draw."""
+    idle_held_after_s: float = 300.0
+    """No progress files: every job GPU idle (memory held) this long with its ranks alive is
+    ``cannot_judge`` (a hung data loader and a process idling on purpose look the same)."""
     stacks_frozen_s: float = 20.0
     """Stack evidence ([stacks] in the config file): a rank's stack unchanged this long is frozen."""
     stacks_min_samples: int = 4
@@ -234,6 +247,13 @@ class _JobMemory:
     asymmetric_since: float | None = None
     working_since: float | None = None
     excused_at: float | None = None
+    no_compute_since: float | None = None
+    """No progress files: since when every job GPU has been working or waiting without one of them
+    computing (the spin sitting on the communication band's edge)."""
+    idle_since: float | None = None
+    """Since when every job GPU has been idle (memory held) while the ranks live."""
+    blind_since: float | None = None
+    """Since when nothing here could show the job's progress or hang (``cannot_judge``)."""
     asleep_since: float | None = None
     """Since when every rank's host CPU has been idle (stack evidence)."""
     save_seen_at: float | None = None
@@ -367,6 +387,10 @@ class Detector:
         self._learn(now, job, mem)
         facts = self._facts(now, job, mem, by_gpu, telemetry_ok, inferred)
         findings = self._findings(now, job, facts, mem)
+        if not self._blind_reasons(job, facts):
+            mem.blind_since = None
+        elif mem.blind_since is None:
+            mem.blind_since = now
         decision = self._decide(now, job, mem, facts)
         if decision.verdict is not mem.verdict:
             mem.verdict, mem.onset, mem.raised = decision.verdict, decision.onset, now
@@ -438,6 +462,7 @@ class Detector:
         frozen_s = max(0.0, now - frozen_since) if frozen_since is not None else 0.0
         firsts = [k for k in (r.first_step() for r in train) if k is not None]
         first = (FirstStep.AFTER_START if FirstStep.AFTER_START in firsts else firsts[0]) if firsts else None
+        self._learn_idle(now, job, mem, job_gpus, usable and not gpus_inferred)
         visible = len({r.rank for r in job.ranks if r.step is not None})
         unseen = max(0, (job.world_size or 0) - visible) if job.has_progress else 0
         stacks, fleet = self._fleet(now, job, self._stack_facts(now, job, mem))
@@ -498,7 +523,7 @@ class Detector:
         alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
         sf = stack_facts(now, job.stacks, alive, job.world_size, self.config.stacks(), mem.asleep_since)
         mem.asleep_since = sf.asleep_since if sf is not None else None
-        if sf is not None and sf.in_save:
+        if sf is not None and sf.in_save and not sf.split:
             mem.save_seen_at = now
         return sf
 
@@ -550,19 +575,23 @@ class Detector:
         mem.hang_since = None
         return self._not_hung(now, job, mem, f)
 
-    def _vetoed(self, f: _Facts, *, asymmetric: bool = False) -> str | None:
+    def _vetoed(self, f: _Facts, *, asymmetric: bool = False, stacks: bool = False) -> str | None:
         """Evidence against a hang. For the asymmetric signature the odd GPUs may compute (a busy loop)
-        but a rank reading (loading data) explains them instead."""
+        but a rank reading (loading data) explains them instead. For stack evidence (K6) only a GPU
+        that computes speaks against a hang: a GPU in the communication band while every rank's stack
+        sits frozen in a collective is a spin whose power is on the band's edge."""
         if f.writing:
             return "the job's ranks are writing"
         if f.fleet is not None and f.fleet.veto:
             return f"another node: {f.fleet.veto}"
-        if f.stacks is not None and f.stacks.in_save:
+        if f.stacks is not None and f.stacks.in_save and not f.stacks.split:
             return "a rank's stack is inside a checkpoint save"
         if f.dstate:
             return "ranks in D-state (storage)"
         if asymmetric:
             return "ranks are reading (loading)" if f.reading else None
+        if stacks and not any(g.state is GpuState.COMPUTE for g in f.working):
+            return None
         if f.working:
             return "GPUs in the compute or communication band"
         return None
@@ -633,7 +662,7 @@ class Detector:
                 return lease_end, [str(Signal.LEASE_EXPIRED), str(band), str(Signal.NO_WRITES)]
         # K6: every rank's stack frozen in a collective (the odd ones named) + a second signal:
         # frozen steps, the spin band, or every rank asleep on the host
-        k6 = self._stacks_hung(now, job, mem, f, full_veto, spun)
+        k6 = self._stacks_hung(now, job, mem, f, self._vetoed(f, stacks=True), spun)
         if k6 is not None:
             return k6
         # K4: power alone, no progress files (kill-worthy only when configured)
@@ -663,16 +692,20 @@ class Detector:
         self, now: float, job: JobView, mem: _JobMemory, f: _Facts, veto: str | None, spun: bool
     ) -> tuple[float, list[str]] | None:
         sf = f.stacks
-        if sf is None or not sf.provable() or veto is not None or sf.frozen_since is None:
+        since = sf.hung_since() if sf is not None else None
+        if sf is None or not sf.provable() or veto is not None or since is None:
             return None
         if any(r.alive is False for r in job.ranks):
             return None
-        signals = [str(Signal.STACKS_FROZEN)]
-        if sf.pattern.different or sf.odd:
-            signals.append(str(Signal.STACKS_DIVERGED))
+        if sf.frozen:
+            signals = [str(Signal.STACKS_FROZEN)]
+            if sf.pattern.different or sf.odd:
+                signals.append(str(Signal.STACKS_DIVERGED))
+        else:  # K6 split: some ranks in a save's or an eval's collective, the others frozen in a step
+            signals = [str(Signal.STACKS_PHASE_SPLIT)]
         if f.fleet is not None and f.fleet.stacks_complete:
             signals.append(str(Signal.REMOTE_COMPLETE))
-        onset = sf.frozen_since
+        onset = since
         if job.has_progress:
             if not (f.train and f.frozen_since is not None):
                 return None
@@ -700,6 +733,20 @@ class Detector:
         sf = f.stacks
         if sf is None:
             return None
+        if sf.split and sf.split_since is not None and self._vetoed(f) is None:
+            split_why = (
+                "stacks of only some ranks of the world: the rest may be elsewhere in the phase"
+                if not sf.complete
+                else "stacks split between a phase and a training step, but no second signal yet "
+                "(steps, spin band, ranks asleep)"
+            )
+            return _Decision(
+                Verdict.STALLED,
+                self._keep_onset(mem, Verdict.STALLED, sf.split_since),
+                ("stacks_split:" + where(sf))[:300],
+                (str(Signal.STACKS_PHASE_SPLIT),),
+                why_not=split_why,
+            )
         if sf.in_save and sf.save_since is not None:
             held = now - sf.save_since
             if held >= self.config.stacks_checkpoint_max_s:
@@ -772,7 +819,7 @@ class Detector:
             if steps and f.working and f.working_since is not None and now - f.working_since < cfg.fast_min_s:
                 return _Decision(Verdict.HEALTHY, None, None, (str(Signal.GPUS_WORKING),))
             if steps and (f.working or (f.reading and not f.dstate)):
-                verdict, cause = Verdict.SLOW, ("gpus_working" if f.working else "reading") + f":{cause}"
+                verdict, cause = self._slow_or_stalled(now, f, mem, cause)
             else:
                 verdict = Verdict.STALLED
                 if f.dstate:
@@ -790,8 +837,75 @@ class Detector:
                 None,
                 (f"gpu_reads_failing:{','.join(map(str, f.lost))}",),
             )
+        blind = self._cannot_judge(now, job, mem, f)
+        if blind is not None:
+            return blind
         signals = (str(Signal.STEPS_ADVANCING),) if f.train and f.frozen_s < 2 * f.interval_s else ()
         return _Decision(Verdict.HEALTHY, None, None, signals)
+
+    @staticmethod
+    def _blind_reasons(job: JobView, f: _Facts) -> list[str]:
+        """Why nothing here could show this job's progress or hang (empty: something could)."""
+        if job.has_progress or any(r.alive is False for r in job.ranks):
+            return []
+        # a working sampler will dump the ranks (stale stacks are pending ones, not blindness)
+        if f.stacks is not None and f.stacks.summary.sampler == AVAILABLE:
+            return []
+        if f.usable:
+            return []
+        if f.unmapped and not f.gpus_inferred:
+            return ["no rank is tied to a GPU (a container without host PIDs?)"]
+        return ["no GPU telemetry" if not f.job_gpus else "its GPUs cannot be read"]
+
+    def _cannot_judge(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision | None:
+        """A job that shows no progress and no hang, where the watchdog has nothing that could show
+        either: ``cannot_judge``, with what it cannot judge and why (never ``healthy``). Only for jobs
+        without progress files: steps are a judge of their own."""
+        if job.has_progress:
+            return None
+        reasons = self._blind_reasons(job, f)
+        # a grace of one stack freshness window: the sampler's first dumps of a new job may be pending
+        if reasons and mem.blind_since is not None and now - mem.blind_since >= self.config.stacks_fresh_s:
+            why = f.stacks.summary.sampler if f.stacks is not None else "none taken"
+            reasons.append(f"no stacks ({why})")
+            reasons.insert(0, "no progress files")
+            return _Decision(
+                Verdict.CANNOT_JUDGE,
+                self._keep_onset(mem, Verdict.CANNOT_JUDGE, mem.blind_since),
+                "no_signals: " + "; ".join(reasons),
+                ("cannot_judge:progress_and_hang",),
+                why_not="nothing here can show progress or a hang",
+            )
+        if mem.idle_since is not None and now - mem.idle_since >= self.config.idle_held_after_s:
+            held = self.config.idle_held_after_s
+            return _Decision(
+                Verdict.CANNOT_JUDGE,
+                self._keep_onset(mem, Verdict.CANNOT_JUDGE, mem.idle_since),
+                f"gpus_held_idle: no progress files; every job GPU idle with memory held for over "
+                f"{held:.0f} s while its ranks live: a hung data loader and a process idling on purpose "
+                "look the same",
+                ("cannot_judge:progress", "gpus_held_idle"),
+                why_not="idle GPUs are no evidence of a hang",
+            )
+        return None
+
+    def _slow_or_stalled(self, now: float, f: _Facts, mem: _JobMemory, cause: str) -> tuple[Verdict, str]:
+        """Frozen steps past the budget while some job GPU is busy: ``slow`` only while the GPUs do
+        work that explains it. Not slowness (``stalled``, alert only): the busy GPUs are a minority
+        while the rest spin (a busy loop on one rank), none computes (every "working" GPU in the
+        communication band: a spin on the band's edge), or the freeze outlasted ``slow_max_budgets``
+        stall budgets."""
+        if not f.working:
+            return Verdict.SLOW, f"reading:{cause}"
+        computing = [g for g in f.working if g.state is GpuState.COMPUTE]
+        if not computing:
+            return Verdict.STALLED, f"communication_band_only:{cause}"
+        if f.majority_since is not None and not f.dstate and not f.reading:
+            gpus = ",".join(str(g.gpu) for g in f.job_gpus if g.state is not GpuState.CHECKPOINT_OR_DEADLOCK)
+            return Verdict.STALLED, f"asymmetric:gpu {gpus}"
+        if f.frozen_s >= self.config.slow_max_budgets * self._stall_budget_s(f, mem.timing):
+            return Verdict.STALLED, f"slow_too_long:{cause}"
+        return Verdict.SLOW, f"gpus_working:{cause}"
 
     def _stall(
         self, now: float, job: JobView, mem: _JobMemory, f: _Facts
@@ -827,6 +941,10 @@ class Detector:
         spin_since = max(f.spin_since or 0.0, mem.save_seen_at or 0.0) if f.spin_since is not None else None
         if f.spin_all and spin_since is not None and now - spin_since >= cfg.power_only_after_s:
             return spin_since, "spin_band_without_progress_files", [str(Signal.SPIN_BAND)], False
+        # the spin on the communication band's edge: every job GPU waits or "communicates", none
+        # computes, for power_only_after_s (training computes every step)
+        if mem.no_compute_since is not None and now - mem.no_compute_since >= cfg.power_only_after_s:
+            return mem.no_compute_since, "communication_band_without_compute", [str(Signal.SPIN_BAND)], False
         # asymmetric: most job GPUs spin while the rest do something else (a busy loop, or idle)
         odd = [g for g in f.job_gpus if g.state is not GpuState.CHECKPOINT_OR_DEADLOCK]
         if len(f.job_gpus) >= 2 and f.waiting and 0 < len(odd) * 2 < len(f.job_gpus):
@@ -984,6 +1102,9 @@ class Detector:
             "findings": [x.to_dict() for x in findings],
             "against": sorted({str(x.signal) for x in findings if x.stance is Stance.PROGRESS}),
         }
+        evidence["cannot_judge"] = self._limits(job, f)
+        if f.unmapped and not f.gpus_inferred:
+            evidence["gpus_unknown"] = True
         if d.why_not and not d.kill_worthy:
             evidence["not_kill_worthy_because"] = d.why_not
         if d.cause:
@@ -998,6 +1119,34 @@ class Detector:
         if f.fleet is not None:
             evidence["fleet"] = f.fleet.to_dict()
         return evidence
+
+    @staticmethod
+    def _limits(job: JobView, f: _Facts) -> list[dict[str, str]]:
+        """What this node cannot judge about the job, and why (empty: every signal is there)."""
+        out = []
+        if not job.has_progress:
+            out.append({"what": "steps", "why": "no progress files (no integration)"})
+        if f.unmapped and not f.gpus_inferred:
+            out.append(
+                {
+                    "what": "power",
+                    "why": "no rank is tied to a GPU: the job's GPUs are unknown (a container "
+                    "without host PIDs?)",
+                }
+            )
+        elif f.gpus_inferred:
+            out.append(
+                {"what": "power", "why": "no rank is tied to a GPU: the node's GPUs stand in (context)"}
+            )
+        elif not f.job_gpus:
+            out.append({"what": "power", "why": "no GPU telemetry"})
+        elif not f.usable:
+            out.append({"what": "power", "why": "the job's GPUs cannot be read"})
+        sf = f.stacks
+        if sf is None or not sf.pattern.sampled:
+            why = sf.summary.sampler if sf is not None and sf.summary.sampler != "available" else "none taken"
+            out.append({"what": "stacks", "why": f"no fresh stack ({why})"})
+        return out
 
     @staticmethod
     def _keep_onset(mem: _JobMemory, verdict: Verdict, onset: float | None) -> float | None:
@@ -1045,6 +1194,24 @@ class Detector:
                 q.append((now, value))
             while q and now - q[0][0] > window:
                 q.popleft()
+
+    @staticmethod
+    def _learn_idle(now: float, job: JobView, mem: _JobMemory, gpus: list[GpuView], mapped_ok: bool) -> None:
+        """Since when the job's GPUs have been idle (memory held) / busy without computing."""
+        alive = bool(job.ranks) and all(r.alive is not False for r in job.ranks)
+        ok = mapped_ok and alive and bool(gpus) and all(g.util_known for g in gpus)
+        states = {g.state for g in gpus}
+        waiting_only = ok and states <= {GpuState.COMMUNICATION, GpuState.CHECKPOINT_OR_DEADLOCK}
+        waiting_only = waiting_only and GpuState.COMMUNICATION in states
+        if not waiting_only:
+            mem.no_compute_since = None
+        elif mem.no_compute_since is None:
+            mem.no_compute_since = max((now if g.since is None else g.since) for g in gpus)
+        idle = mapped_ok and alive and bool(gpus) and states == {GpuState.IDLE}
+        if not idle:
+            mem.idle_since = None
+        elif mem.idle_since is None:
+            mem.idle_since = max((now if g.since is None else g.since) for g in gpus)
 
     @staticmethod
     def _working_since(now: float, mem: _JobMemory, working: list[GpuView]) -> float | None:
