@@ -21,6 +21,7 @@ BENCHES = {
     "triage_truth": "benchmarks.bench_triage_truth",
     "daemon": "benchmarks.bench_daemon",
     "api": "benchmarks.bench_api",
+    "health": "benchmarks.bench_health",
     "gate": "benchmarks.bench_gate",
     "trainer": "benchmarks.bench_trainer",
     "verdicts": "benchmarks.bench_verdicts",

@@ -544,3 +544,40 @@ def test_gpus_held_idle_without_progress_files_cannot_be_judged_never_a_kill():
     t_s, onset = first(out, Verdict.CANNOT_JUDGE)
     assert t_s == 100 + cfg.idle_held_after_s and onset == 100
     assert not {v for _, v, _ in out} & {Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED}
+
+
+def test_a_restored_detector_continues_the_episode_where_the_previous_one_was():
+    """Detector.export/restore (a restarted daemon): the suspicion keeps its clock toward confirmation,
+    the onset stays, the learned interval stays - no healthy in between."""
+    job, script = Job(), hang_at(300)
+    det = Detector()
+    t = 0.0
+    while t <= 340:  # suspected at ~315
+        script(t, job)
+        gpus, jobs = job.views()
+        (status,) = det.update(t, gpus, jobs)
+        t += 1.0
+    assert status.verdict is Verdict.DEADLOCK_SUSPECTED
+    onset = status.onset
+    saved = det.export()
+    assert saved["ft"]["verdict"] == "deadlock_suspected" and saved["ft"]["interval_s"] is not None
+    again = Detector()
+    assert again.restore(json_roundtrip(saved)) == 1
+    seen = []
+    while t <= 460:
+        script(t, job)
+        gpus, jobs = job.views()
+        (status,) = again.update(t, gpus, jobs)
+        seen.append((t, status.verdict, status.onset))
+        t += 1.0
+    assert {v for _, v, _ in seen} <= {Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED}
+    confirmed = next(t for t, v, _ in seen if v is Verdict.DEADLOCK_CONFIRMED)
+    assert confirmed <= 315 + DetectorConfig().confirm_after_s + 2  # the clock did not restart
+    assert {o for _, _, o in seen} == {onset}
+    assert again.restore({"ft": {"verdict": "nonsense"}, "x": "junk"}) == 0  # bad entries skipped
+
+
+def json_roundtrip(value):
+    import json
+
+    return json.loads(json.dumps(value))

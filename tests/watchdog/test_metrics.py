@@ -325,3 +325,27 @@ def test_gpus_held_idle_say_for_how_long_and_by_which_job() -> None:
         for s in samples(scrape(snap))["gpu_watchdog_gpu_held_idle_seconds"]
     }
     assert got == {("1", "qwen3-32b-ft"): 2000.0, ("3", ""): 100.0}
+
+
+def test_process_series_are_reused_only_up_to_their_age() -> None:
+    """/metrics reuses the encoded process_* series for at most process_max_age_s (a flood costs no
+    render per request), then reads them anew; the snapshot's part is unaffected by the age."""
+    now = [100.0]
+    exposition = MetricsExposition(
+        SnapshotHolder(full_snapshot()), process_max_age_s=1.0, monotonic=lambda: now[0]
+    )
+    first = exposition.render()[0]
+    calls = []
+    real_collect = exposition._process.collect  # type: ignore[union-attr]
+
+    def counting_collect():  # the process collector is the boundary read here
+        calls.append(now[0])
+        return real_collect()
+
+    exposition._process.collect = counting_collect  # type: ignore[union-attr,method-assign]
+    now[0] = 100.5
+    assert exposition.render()[0] == first and calls == []  # within the second: the same bytes
+    now[0] = 101.2
+    exposition.render()
+    assert calls == [101.2]  # past it: read again
+    assert exposition.renders == 1  # the snapshot was encoded once all along

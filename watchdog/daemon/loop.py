@@ -30,6 +30,7 @@ from gpu_triage.config.settings import Config, load_config, load_token, override
 from gpu_triage.daemon.sdnotify import SdNotifier
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
+from gpu_triage.model.clock import Clock, ClockStep, Timeline
 from gpu_triage.model.samples import TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
 from gpu_triage.model.states import Mode, Verdict
@@ -72,8 +73,7 @@ class Daemon:
         source: TelemetrySource,
         *,
         config_path: Path | None = None,
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
         serve_http: bool = True,
         on_cycle: Callable[[Snapshot], None] | None = None,
         actions: Any | None = None,
@@ -85,8 +85,10 @@ class Daemon:
         self.overrides = dict(overrides or {})
         self._app: Any = None
         self.source = source
-        self.clock = clock
-        self.monotonic = monotonic
+        self.timeline = Timeline(clock)
+        """Every duration is a difference on this monotonic timeline (gpu_triage.model.clock)."""
+        self.clock = self.timeline.now
+        self.monotonic = self.timeline.clock.monotonic
         self.serve_http = serve_http
         self.on_cycle = on_cycle
         self.node = config.daemon.node
@@ -94,16 +96,16 @@ class Daemon:
         self.control = QueuedControl()
         self.mode: Mode = config.actions.mode
         self.stats = CycleStats()
-        self.started_at = clock()
+        self.started_at = self.clock()
         self.gpus = GpuTracker(
             model=config.classifier.model,
             table_path=config.classifier.table,
             dwell_s=dict(config.classifier.dwell_s),
         )
         self.detector = Detector(detector_settings(config))
-        self.stacks = make_sampler(config)
-        self.ras = make_ras(config)
-        self.fleet = make_fleet(config)
+        self.stacks = make_sampler(config, self.clock)
+        self.ras = make_ras(config, self.clock)
+        self.fleet = make_fleet(config, self.clock)
         self._fleet_facts: tuple[JobFacts, ...] = ()
         self.progress = ProgressReader(
             config.progress.dir, stale_after_s=config.progress.stale_after_s, host=socket.gethostname()
@@ -120,6 +122,10 @@ class Daemon:
         self._jobs: tuple[JobStatus, ...] = ()
         self._verdicts: dict[str, Verdict] = {}
         self._last_sample_time: float | None = None
+        self._wall: float | None = None
+        self._boot_id = boot_id()
+        self._episode_saved: tuple[int, Any] | None = None
+        self._episode_saved_at: float | None = None
         self._sample_duration_s = 0.0
         self._process_view = None
         self._untrusted: tuple[dict[str, Any], ...] = ()
@@ -164,13 +170,123 @@ class Daemon:
                 "config": self.config.origin,
             },
         )
+        self._restore_timeline()
         self._restore_silences()
+        self._restore_episodes()
         if self.actions is None:
             self.actions = self._make_actions(state_dir)
         if self.serve_http:
             self._start_http()
 
     SILENCES_KEY = "control.silences"
+    TIMELINE_KEY = "daemon.timeline"
+    PROGRESS_KEY = "detector.step_marks"
+    DETECTOR_KEY = "detector.jobs"
+    EPISODE_STATE_MAX_AGE_S = 600.0
+    """A restarted daemon continues what an earlier one saw at most this long ago (same boot)."""
+
+    def _restore_timeline(self) -> None:
+        """Within one boot the timeline continues across restarts (the monotonic clock does): a restarted
+        daemon takes the anchor of the first daemon of this boot, so persisted times (kill budget,
+        episodes, silences) keep their meaning, and a clock step while it was down is seen as a step."""
+        boot = self._boot_id
+        saved = self.store.kv_get(self.TIMELINE_KEY, None) if self.store is not None else None
+        if (
+            boot is not None
+            and isinstance(saved, dict)
+            and saved.get("boot_id") == boot
+            and isinstance(saved.get("anchor_s"), (int, float))
+            and math.isfinite(saved["anchor_s"])
+        ):
+            self.timeline.anchor_s = float(saved["anchor_s"])
+            offset = saved.get("offset_s")
+            self.timeline.last_offset_s = float(offset) if isinstance(offset, (int, float)) else 0.0
+            self.started_at = self.clock()
+        self._persist_timeline()
+
+    def _restore_episodes(self) -> None:
+        """Episodes survive a restart: what the previous daemon of this boot saw of each job (step marks
+        of the progress files, the detector's verdicts, onsets and hang clocks) seeds this one, so a
+        hang in progress is neither re-dated nor seen again as a new episode."""
+        if self.store is None:
+            return
+        boot = self._boot_id
+        restored = []
+        for key, target in ((self.PROGRESS_KEY, self.progress.tracker), (self.DETECTOR_KEY, self.detector)):
+            saved = self.store.kv_get(key, None)
+            if not isinstance(saved, dict) or boot is None or saved.get("boot_id") != boot:
+                continue
+            at = saved.get("saved_at")
+            if not isinstance(at, (int, float)) or not 0 <= self.clock() - at <= self.EPISODE_STATE_MAX_AGE_S:
+                continue
+            n = target.restore(saved.get("value"))
+            if n:
+                restored.append(f"{key}={n}")
+        if restored:
+            log.info("continuing what the previous daemon saw: %s", ", ".join(restored))
+            self._event("daemon", {"event": "episodes_restored", "restored": restored})
+
+    EPISODE_SAVE_EVERY_S = 5.0
+    EPISODE_REFRESH_S = 60.0
+
+    def _persist_episode_state(self, now: float) -> None:
+        """Mirror the step marks and the detector's job memories into the store: at once when a verdict,
+        onset or hang clock changed, else at most every EPISODE_SAVE_EVERY_S while marks move."""
+        if self.store is None:
+            return
+        detector = self.detector.export()
+        core = {j: (e["verdict"], e["onset"], e["hang_since"]) for j, e in detector.items()}
+        marks = self.progress.tracker.version
+        saved, at = self._episode_saved, self._episode_saved_at
+        age = None if at is None else now - at
+        recent = age is not None and 0 <= age < self.EPISODE_REFRESH_S
+        if (
+            saved is not None
+            and saved[1] == core
+            and recent
+            and (saved[0] == marks or (age is not None and age < self.EPISODE_SAVE_EVERY_S))
+        ):
+            return
+        boot = self._boot_id
+        try:
+            self.store.kv_set(
+                self.PROGRESS_KEY,
+                {"boot_id": boot, "saved_at": now, "value": self.progress.tracker.export()},
+                now,
+            )
+            self.store.kv_set(self.DETECTOR_KEY, {"boot_id": boot, "saved_at": now, "value": detector}, now)
+        except StoreError as e:
+            log.warning("could not persist the episodes in progress: %s", e)
+            return
+        self._episode_saved, self._episode_saved_at = (marks, core), now
+
+    def _persist_timeline(self) -> None:
+        if self.store is None:
+            return
+        value = {
+            "boot_id": boot_id(),
+            "anchor_s": self.timeline.anchor_s,
+            "offset_s": self.timeline.last_offset_s,
+        }
+        try:
+            self.store.kv_set(self.TIMELINE_KEY, value, self.clock())
+        except StoreError as e:
+            log.warning("could not persist the timeline anchor: %s", e)
+
+    def clock_step(self, step: ClockStep) -> None:
+        """The wall clock jumped: logged and recorded; no duration moves (they are on the timeline)."""
+        log.warning(
+            "wall clock stepped %+.1f s against the monotonic clock (wall is now %+.1f s from the daemon's "
+            "timeline); durations, leases, budgets and silences are unaffected",
+            step.step_s,
+            step.offset_s,
+        )
+        self._event(
+            "daemon",
+            {"event": "clock_step", "step_s": round(step.step_s, 3), "offset_s": round(step.offset_s, 3)},
+            step.timeline_s,
+        )
+        self._persist_timeline()
 
     def _restore_silences(self) -> None:
         """Silences survive a restart (an operator who silenced a known issue must not be paged again)."""
@@ -205,6 +321,7 @@ class Daemon:
             generator_url=f"http://{self.config.daemon.listen}/status",
             max_bundles=self.config.evidence.max_bundles,
             evidence_retention_s=self.config.evidence.retention_days * 86400.0,
+            clock=self.clock,
         )
 
     def _start_http(self) -> None:
@@ -220,6 +337,7 @@ class Daemon:
             control=self.control,
             token=token,
             period_s=self.config.daemon.period_s,
+            clock=self.clock,
             allowed_hosts=[
                 *self.config.daemon.allowed_hosts,
                 self.node,
@@ -284,11 +402,7 @@ class Daemon:
                 self.reload()
                 period = self.config.daemon.period_s
             t0 = self.monotonic()
-            try:
-                self.cycle(self.clock())
-                self._cycle_failed(None)
-            except Exception as e:
-                self._cycle_failed(e)
+            self.tick()
             self.stats.last_duration_s = self.monotonic() - t0
             now_m = self.monotonic()
             if self.notifier.watchdog_due(now_m):
@@ -301,6 +415,20 @@ class Daemon:
                 self.stats.worst_lateness_s = max(self.stats.worst_lateness_s, lateness)
                 next_tick += missed * period
             self._stop.wait(max(0.0, next_tick - self.monotonic()))
+
+    def tick(self) -> Snapshot | None:
+        """One cycle of the loop at the clock's time: a clock step is noticed (and moves nothing), then
+        :meth:`cycle` runs on the timeline; a failed cycle is counted, never raised."""
+        step = self.timeline.check_step()
+        if step is not None:
+            self.clock_step(step)
+        try:
+            snap = self.cycle(self.clock(), wall=self.timeline.wall())
+        except Exception as e:
+            self._cycle_failed(e)
+            return None
+        self._cycle_failed(None)
+        return snap
 
     def _cycle_failed(self, error: Exception | None) -> None:
         """Count consecutive failed cycles; the last good snapshot is republished with the count so
@@ -336,9 +464,12 @@ class Daemon:
                 )
             )
 
-    def cycle(self, now: float) -> Snapshot:
-        """One cycle at epoch time ``now``; returns (and publishes) the snapshot."""
+    def cycle(self, now: float, *, wall: float | None = None) -> Snapshot:
+        """One cycle at ``now`` on the daemon's timeline (gpu_triage.model.clock); ``wall``: the wall clock
+        now, to place the times read from progress files (None: the same as ``now``, as in tests that
+        drive cycles by hand). Returns (and publishes) the snapshot."""
         cfg = self.config
+        self._wall = now if wall is None else wall
         self.cycle_no += 1
         for cmd in self.control.drain():
             if cmd.mode is not self.mode:
@@ -415,6 +546,7 @@ class Daemon:
             stacks={**self.stacks.status(), "nccl_ras": self.ras.status()},
             fleet=self._fleet_facts,
             cluster=self.fleet.status(),
+            clock_offset_s=(self._wall if self._wall is not None else now) - now,
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
@@ -437,7 +569,7 @@ class Daemon:
         return tuple(out)
 
     def _detect(self, now: float, samples, statuses) -> tuple[JobStatus, ...]:
-        view = self.progress.read(now)
+        view = self.progress.read(now, wall_s=self._wall)
         self._progress_errors = tuple(
             {"kind": "progress_file", "where": str(e.path), "error": e.error} for e in view.errors
         )
@@ -470,6 +602,7 @@ class Daemon:
             for g in statuses
         ]
         results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
+        self._persist_episode_state(now)
         self._fleet_facts = self._local_facts(now, jobs, results, statuses)
         for j in results:
             prev = self._verdicts.get(j.job)
@@ -644,12 +777,12 @@ class Daemon:
         self.detector.config = detector_settings(new)
         if new.stacks != self.config.stacks:
             self.stacks.close()
-            self.stacks = make_sampler(new)
+            self.stacks = make_sampler(new, self.clock)
         if new.ras != self.config.ras:
-            self.ras = make_ras(new)
+            self.ras = make_ras(new, self.clock)
         if new.cluster != self.config.cluster:
             self.fleet.close()
-            self.fleet = make_fleet(new)
+            self.fleet = make_fleet(new, self.clock)
         if new.progress != self.config.progress:
             self.progress = ProgressReader(
                 new.progress.dir, stale_after_s=new.progress.stale_after_s, host=socket.gethostname()
@@ -665,6 +798,15 @@ class Daemon:
         self._event("daemon", {"event": "reloaded", "config": new.origin})
         self.notifier.ready("configuration reloaded")
         log.info("configuration reloaded from %s", new.origin)
+
+
+def boot_id() -> str | None:
+    """The kernel's boot id (the monotonic clock restarts with it), None where unreadable."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read(64).strip() or None
+    except OSError:
+        return None
 
 
 def validate_classifier(config: Config) -> None:
@@ -691,7 +833,7 @@ def detector_settings(config: Config) -> DetectorSettings:
     )
 
 
-def make_fleet(config: Config) -> FleetPoller:
+def make_fleet(config: Config, clock: Callable[[], float] = time.time) -> FleetPoller:
     c = config.cluster
     return FleetPoller(
         PollerConfig(
@@ -700,14 +842,15 @@ def make_fleet(config: Config) -> FleetPoller:
             min_interval_s=c.min_interval_s,
             timeout_s=c.timeout_s,
             max_response_bytes=c.max_response_bytes,
-        )
+        ),
+        clock=clock,
     )
 
 
 _CALM = (Verdict.HEALTHY, Verdict.CHECKPOINT)
 
 
-def make_ras(config: Config) -> RasPoller:
+def make_ras(config: Config, clock: Callable[[], float] = time.time) -> RasPoller:
     r = config.ras
     return RasPoller(
         RasConfig(
@@ -716,11 +859,12 @@ def make_ras(config: Config) -> RasPoller:
             port=r.port,
             min_interval_s=r.min_interval_s,
             timeout_s=r.timeout_s,
-        )
+        ),
+        clock=clock,
     )
 
 
-def make_sampler(config: Config) -> StackSampler:
+def make_sampler(config: Config, clock: Callable[[], float] = time.time) -> StackSampler:
     s = config.stacks
     return StackSampler(
         SamplerConfig(
@@ -733,7 +877,8 @@ def make_sampler(config: Config) -> StackSampler:
             timeout_s=s.timeout_s,
             budget_cpu_s_per_min=s.budget_cpu_s_per_min,
             max_parallel=s.max_parallel,
-        )
+        ),
+        clock=clock,
     )
 
 

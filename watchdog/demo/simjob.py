@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from gpu_triage.contract import ProgressWriter
+from gpu_triage.contract import Flusher, ProgressWriter
 
 MODULE = "gpu_triage.demo.simjob"  # the rank processes run this module (not __name__: "__main__" there)
 CHECKPOINT_CHUNK_BYTES = 2 << 20
@@ -42,6 +42,8 @@ def run_rank(args: argparse.Namespace) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     world = int(os.environ.get("WORLD_SIZE", args.ranks))
     writer = ProgressWriter(args.job, rank, local_rank, world, directory=Path(args.progress_dir))
+    if args.heartbeat_s:  # as the real trainer does: the file is rewritten while the rank is blocked
+        Flusher(writer, heartbeat_s=args.heartbeat_s).start()
     scratch = Path(args.scratch_dir) / f"ckpt-rank{rank}.bin" if args.scratch_dir else None
     phase_key: tuple[int, int] | None = None
     last_step: int | None = None
@@ -107,6 +109,8 @@ def launch(args: argparse.Namespace) -> int:
         ]
         if args.scratch_dir:
             cmd += ["--scratch-dir", str(args.scratch_dir)]
+        if args.heartbeat_s:
+            cmd += ["--heartbeat-s", str(args.heartbeat_s)]
         children.append(subprocess.Popen(cmd, env=env))
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -163,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-offset", type=int, default=0, help="global rank of local rank 0 (node 2: 8)")
     p.add_argument("--world-size", type=int, default=16)
     p.add_argument("--interval-s", type=float, default=0.25)
+    p.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=0.0,
+        help="run the progress flusher: rewrite each file this often even while the rank hangs "
+        "(the trainer's flusher does every 30 s; 0: no flusher)",
+    )
     p.add_argument("--rank-process", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     Path(args.progress_dir).mkdir(parents=True, exist_ok=True)

@@ -134,6 +134,7 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
     document["input_errors"] = _plain(list(snapshot.input_errors))
     document["failed_cycles"] = snapshot.failed_cycles
+    document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
     document["stacks"] = _plain(snapshot.stacks)
     document["cluster"] = _plain(snapshot.cluster)
     return document
@@ -227,6 +228,11 @@ class StatusDoc(_Doc):
         "where, error",
     )
     failed_cycles: int = Field(0, description="Consecutive cycles that failed (this is the last good one)")
+    clock_offset_s: float = Field(
+        0.0,
+        description="Wall clock minus the daemon's monotonic timeline, on which every time here lies "
+        "(0 until the wall clock steps)",
+    )
     stacks: dict[str, Any] = Field(
         default_factory=dict,
         description="Stack sampler (py-spy): state (available, py_spy_missing, ptrace_denied, disabled), "
@@ -285,6 +291,37 @@ class CommandDoc(_Doc):
 
 # --------------------------------------------------------------------------------------------------
 # Request body limit (pure ASGI, before routing, authentication and parsing)
+
+
+METRICS_MAX_AGE_S = 1.0
+"""A cached /metrics body is reused for the same snapshot at most this long (process_* metrics)."""
+
+
+class HealthFirst:
+    """``GET``/``HEAD /healthz`` answered at once, ahead of routing, dependencies and body handling:
+    the cheapest request the server has, whatever else is queued."""
+
+    def __init__(self, app: ASGIApp, health: Callable[[], tuple[dict[str, Any], int]]) -> None:
+        self.app = app
+        self.health = health
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
+            document, status_code = self.health()
+            body = _dumps(document)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status_code,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+            return
+        await self.app(scope, receive, send)
 
 
 class BodySizeLimit:
@@ -456,9 +493,12 @@ def create_app(
     if token is not None and not token.strip():
         raise ValueError("the auth token is empty; pass None to disable mutating calls")
     max_age_s = max(STALE_PERIODS * period_s, MIN_STALE_S)
-    # /metrics: the snapshot's exposition is encoded once per published snapshot (MetricsExposition);
-    # a registry passed in (tests, embedders) is rendered at every scrape instead.
-    exposition = MetricsExposition(snapshots) if metrics_registry is None else None
+    # /metrics: the snapshot's exposition is encoded once per published snapshot and content type, the
+    # process_* series at most once a second (MetricsExposition), so a /metrics flood costs bytes sent,
+    # not a render per request; a registry passed in (tests, embedders) is rendered at every scrape.
+    exposition = None
+    if metrics_registry is None:
+        exposition = MetricsExposition(snapshots, process_max_age_s=METRICS_MAX_AGE_S)
     rendered: list[_Rendered] = []  # at most one entry: the latest snapshot's bodies
 
     app = FastAPI(
@@ -467,6 +507,31 @@ def create_app(
         description="Per-node GPU training watchdog: status, events, metrics and controls.",
     )
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+
+    def health() -> tuple[dict[str, Any], int]:
+        snapshot = snapshots.latest()
+        if snapshot is None:
+            return {
+                "status": "starting",
+                "last_cycle_age_s": None,
+                "max_age_s": max_age_s,
+                "cycle": None,
+            }, 503
+        age_s = clock() - snapshot.time  # both on the daemon's monotonic timeline (model.clock)
+        fresh = age_s < max_age_s
+        failing = snapshot.failed_cycles >= FAILING_AFTER_CYCLES
+        return (
+            {
+                "status": "failing" if failing else ("ok" if fresh else "stale"),
+                "last_cycle_age_s": round(age_s, 3),
+                "max_age_s": max_age_s,
+                "cycle": snapshot.cycle,
+                "failed_cycles": snapshot.failed_cycles,
+            },
+            200 if fresh and not failing else 503,
+        )
+
+    app.add_middleware(HealthFirst, health=health)  # inside the Host check, before any body is read
     if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
         from gpu_triage.serving.host_check import HostCheck, HostPolicy
 
@@ -497,25 +562,10 @@ def create_app(
     )
     async def healthz() -> Response:
         """200 while the last cycle is younger than max(3 periods, 5 s); else 503 (stale/starting);
-        503 ``failing`` as soon as 3 cycles in a row raised."""
-        snapshot = snapshots.latest()
-        if snapshot is None:
-            return _json(
-                {"status": "starting", "last_cycle_age_s": None, "max_age_s": max_age_s, "cycle": None}, 503
-            )
-        age_s = clock() - snapshot.time
-        fresh = age_s < max_age_s
-        failing = snapshot.failed_cycles >= FAILING_AFTER_CYCLES
-        return _json(
-            {
-                "status": "failing" if failing else ("ok" if fresh else "stale"),
-                "last_cycle_age_s": round(age_s, 3),
-                "max_age_s": max_age_s,
-                "cycle": snapshot.cycle,
-                "failed_cycles": snapshot.failed_cycles,
-            },
-            200 if fresh and not failing else 503,
-        )
+        503 ``failing`` as soon as 3 cycles in a row raised. (Answered by :class:`HealthFirst` ahead
+        of routing; this route documents it.)"""
+        document, status_code = health()
+        return _json(document, status_code)
 
     @app.get("/status", response_model=None, responses={200: {"model": StatusDoc}})
     async def status() -> Response:

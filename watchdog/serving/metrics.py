@@ -3,11 +3,11 @@
 The loop updates no metric objects: a custom collector reads the latest published snapshot when
 Prometheus scrapes and turns it into metric families. :class:`MetricsExposition` (what ``/metrics``
 serves) encodes a snapshot's families once per published snapshot and format and reuses the bytes
-until the loop publishes the next one; only the daemon's own ``process_*`` series are read at every
-scrape. prometheus_client's encoders are slow per sample, and a snapshot is immutable, so the cached
-bytes are exactly what a fresh rendering would give. Names follow the Prometheus conventions
-(prefix ``gpu_watchdog_``, base units, ``_total`` for counters, ``_timestamp_seconds`` for epoch
-times, one-hot gauges for enumerations).
+until the loop publishes the next one; only the daemon's own ``process_*`` series are read anew (at
+most once a second for ``/metrics``). prometheus_client's encoders are slow per sample, and a
+snapshot is immutable, so the cached bytes are exactly what a fresh rendering would give. Names
+follow the Prometheus conventions (prefix ``gpu_watchdog_``, base units, ``_total`` for counters,
+``_timestamp_seconds`` for epoch times, one-hot gauges for enumerations).
 
 Labels are chosen to join with NVIDIA dcgm-exporter's series without ``label_replace``
 (docs/dashboards.md, "Beside dcgm-exporter"): per-GPU series carry ``gpu`` (the NVML index, as a
@@ -26,7 +26,8 @@ becomes ``..._watts_watts``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
@@ -83,6 +84,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_start_timestamp_seconds": "gauge",
     "gpu_watchdog_cycles_total": "counter",
     "gpu_watchdog_missed_cycles_total": "counter",
+    "gpu_watchdog_clock_offset_seconds": "gauge",
     "gpu_watchdog_failed_cycles_total": "counter",
     "gpu_watchdog_input_errors": "gauge",
     "gpu_watchdog_armed": "gauge",
@@ -371,6 +373,14 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     missed = _counter(PREFIX + "missed_cycles_total", "Ticks skipped because a cycle overran its period.", [])
     missed.add_metric([], float(snapshot.counters.get("missed_cycles_total", 0.0)))
     yield missed
+    offset = _gauge(
+        PREFIX + "clock_offset_seconds",
+        "Wall clock minus the daemon's monotonic timeline (0 until the wall clock steps).",
+        [],
+        "seconds",
+    )
+    offset.add_metric([], snapshot.clock_offset_s)
+    yield offset
     armed = _gauge(PREFIX + "armed", "1 when the daemon is armed to act (alert or kill), else 0.", [])
     armed.add_metric([], 1.0 if snapshot.armed else 0.0)
     yield armed
@@ -460,12 +470,25 @@ _OPENMETRICS_EOF = b"# EOF\n"
 class MetricsExposition:
     """What ``/metrics`` serves: the latest snapshot's families, encoded once per published snapshot
     and content type (the cache holds the latest snapshot's bodies only), then the daemon's
-    ``process_*`` series read at each scrape. The output is byte for byte what :func:`render` gives
-    over :func:`make_registry` for the same snapshot and the same moment."""
+    ``process_*`` series, read at each scrape or reused up to ``process_max_age_s``. The output is byte
+    for byte what :func:`render` gives over :func:`make_registry` for the same snapshot and the moment
+    the process series were read."""
 
-    def __init__(self, snapshots: SnapshotHolder, *, process_metrics: bool = True) -> None:
+    def __init__(
+        self,
+        snapshots: SnapshotHolder,
+        *,
+        process_metrics: bool = True,
+        process_max_age_s: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``process_max_age_s``: reuse the encoded ``process_*`` series this long (0: read them at
+        every scrape)."""
         self._snapshots = snapshots
         self._process = ProcessCollector(registry=None) if process_metrics else None
+        self._process_max_age_s = process_max_age_s
+        self._monotonic = monotonic
+        self._process_bodies: dict[str, tuple[float, bytes]] = {}
         self._cached_snapshot: Snapshot | None = None
         self._bodies: dict[str, bytes] = {}
         self.renders = 0
@@ -484,7 +507,13 @@ class MetricsExposition:
             self._bodies = {**self._bodies, content_type: body}  # a new dict: readers never see a half
         if self._process is None:
             return body, content_type
-        process = encoder(_Families(self._process.collect()))
+        now_m = self._monotonic()
+        hit = self._process_bodies.get(content_type)
+        if hit is not None and now_m - hit[0] < self._process_max_age_s:
+            process = hit[1]
+        else:
+            process = encoder(_Families(self._process.collect()))
+            self._process_bodies = {**self._process_bodies, content_type: (now_m, process)}
         if body.endswith(_OPENMETRICS_EOF):  # OpenMetrics: one "# EOF" at the very end
             body = body[: -len(_OPENMETRICS_EOF)]
         return body + process, content_type

@@ -323,6 +323,52 @@ class Detector:
     def forget(self, job: str) -> None:
         self._jobs.pop(job, None)
 
+    def export(self) -> dict[str, dict[str, Any]]:
+        """What a restarted daemon needs to continue each job's episode (:meth:`restore`): the verdict
+        in force, its onset and raise time, since when the hang evidence has held, the learned step
+        interval. JSON values; times on the caller's timeline."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, mem in self._jobs.items():
+            if mem.raised is None:
+                continue
+            out[name] = {
+                "verdict": str(mem.verdict),
+                "onset": mem.onset,
+                "raised": mem.raised,
+                "hang_since": mem.hang_since,
+                "stopped_since": mem.stopped_since,
+                "interval_s": mem.timing.estimate_s,
+                "intervals_seen": mem.timing.intervals_seen,
+                "first_steps": {str(k): list(v) for k, v in mem.timing.first_steps.items()},
+            }
+        return out
+
+    def restore(self, saved: Any) -> int:
+        """Seed job memories from :meth:`export` of an earlier detector (a restarted daemon). A restored
+        job continues where it was: a suspicion keeps its clock toward confirmation, a confirmed hang
+        stays confirmed while the evidence holds, the onset does not move. Malformed entries are
+        skipped. Returns how many jobs were restored."""
+        count = 0
+        for name, e in saved.items() if isinstance(saved, dict) else ():
+            try:
+                mem = _JobMemory(StepTiming(self.config.timing()))
+                mem.verdict = Verdict(e["verdict"])
+                mem.onset = _opt_time(e.get("onset"))
+                mem.raised = _opt_time(e.get("raised"))
+                mem.hang_since = _opt_time(e.get("hang_since"))
+                mem.stopped_since = _opt_time(e.get("stopped_since"))
+                estimate = _opt_time(e.get("interval_s"))
+                mem.timing.estimate_s = estimate if estimate is None or estimate > 0 else None
+                mem.timing.intervals_seen = int(e.get("intervals_seen") or 0)
+                for kind, values in dict(e.get("first_steps") or {}).items():
+                    for v in list(values)[-8:]:
+                        mem.timing.observe_first_step(FirstStep(kind), float(v))
+            except (KeyError, TypeError, ValueError):
+                continue
+            self._jobs[str(name)] = mem
+            count += 1
+        return count
+
     def update(
         self, now: float, gpus: Sequence[GpuView], jobs: Sequence[JobView], telemetry_ok: bool = True
     ) -> list[JobStatus]:
@@ -1242,6 +1288,14 @@ class Detector:
 
 
 __all__ = ["Detector", "DetectorConfig", "GpuView", "JobView", "RankView"]
+
+
+def _opt_time(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"not a time: {value!r}")
+    return float(value)
 
 
 def _fleet_findings(fl: FleetEvidence | None) -> list[Finding]:
