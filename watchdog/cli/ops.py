@@ -105,7 +105,9 @@ def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list
         load_config,
         load_secret,
         load_token,
+        missing_token_note,
         resolve_config_path,
+        token_file_absent,
     )
 
     path = resolve_config_path(Path(config_arg) if config_arg else None)
@@ -129,11 +131,12 @@ def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list
                     problems.extend(f"alerts.sinks[{i}].{attr}: {p}" for p in e.problems)
     if problems:
         return EXIT_BAD, [*problems, f"{where}: {len(problems)} problem(s)"]
+    notes = [f"note: {missing_token_note(config)}"] if token_file_absent(config) else []
     summary = (
         f"{where}: ok (node {config.daemon.node}, mode {config.actions.mode}, "
         f"listen {config.daemon.listen}, state {config.daemon.state_dir})"
     )
-    return EXIT_OK, [summary]
+    return EXIT_OK, [*notes, summary]
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

@@ -23,8 +23,9 @@ from gpu_triage.classify.power_table import PowerTable, TableError
 from gpu_triage.classify.table_files import match_model, resolve_table
 from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError, RecordingHeader
+from gpu_triage.triage import DEFAULT_DEADLOCK_AFTER_S
 from gpu_triage.triage.bursts import Bursts, BurstTracker
-from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, Cadence, Wait, analyse
+from gpu_triage.triage.deadlock_rule import Cadence, Wait, analyse
 
 #: Points kept per GPU for the plot (evenly thinned).
 PLOT_POINTS_PER_GPU = 6000
