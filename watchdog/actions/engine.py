@@ -78,6 +78,7 @@ from gpu_triage.actions.evidence import (
 from gpu_triage.actions.kill import (
     CommandRunner,
     HookError,
+    Identity,
     KillExecutor,
     KillOutcome,
     KillPlan,
@@ -820,6 +821,20 @@ class ActionEngine:
             if self._once(ep, "no_targets"):
                 records.append(self._make(now, action, "no_targets", job=job.job))
             return
+        owners = sorted({p.uid for p in procs if p.alive and p.proof}, key=lambda u: (u is None, u or 0))
+        if len(owners) > 1:  # one job is one owner: never signal a set that mixes users
+            if self._once(ep, "mixed_owners"):
+                records.append(
+                    self._make(
+                        now,
+                        action,
+                        "refused",
+                        job=job.job,
+                        pids=pids,
+                        reason=f"the job's processes belong to several users (uids {owners}); not killing",
+                    )
+                )
+            return
         if not a.dry_run:
             self._kill_times = [t for t in self._kill_times if now - t < KILL_WINDOW_S]
             if len(self._kill_times) >= a.max_kills_per_hour:
@@ -844,7 +859,10 @@ class ActionEngine:
         self._kills[job.job] = k
         values = {"job": job.job, "node": self.node, "pids": ",".join(map(str, pids))}
         ranks = [(p.pid, p.proof, p.uid) for p in procs if p.alive and p.proof]
-        self._kill_worker.submit(lambda: self._run_term(k, pids, values, ranks))
+        identities = {
+            p.pid: Identity(p.create_time, p.uid) for p in procs if p.alive and p.proof and p.pid in pids
+        }
+        self._kill_worker.submit(lambda: self._run_term(k, pids, values, ranks, identities))
         records.append(self._make(now, action, "started", job=job.job, pids=pids, dry_run=a.dry_run))
 
     def _run_term(
@@ -853,9 +871,10 @@ class ActionEngine:
         pids: list[int],
         values: dict[str, str],
         ranks: Sequence[tuple[int, Sequence[str], int | None]] = (),
+        identities: Mapping[int, Identity] | None = None,
     ) -> None:
         try:
-            plan = self.executor.plan(pids)
+            plan = self.executor.plan(pids, identities)
             slurm = None if k.hook or self.actions.kill_via == "signal" else self._slurm_term(k, plan, ranks)
             if slurm is not None:
                 outcome: Any = slurm
