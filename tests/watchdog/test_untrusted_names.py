@@ -1,0 +1,177 @@
+"""Issue 18, items 1, 8 and 9 (fast parts): untrusted names are bytes until proven; a failure on any
+cycle is visible at once; the kill plan re-checks each target's kernel identity."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpu_triage import logs
+from gpu_triage.actions.kill import Identity, ProcEntry, plan_kill
+from gpu_triage.api import create_app
+from gpu_triage.eventstore import EventStore
+from gpu_triage.fusion import job_views
+from gpu_triage.names import job_name_problem, printable, safe_job_key
+from gpu_triage.processes import Candidate, job_key, kernel_scope, name_groups
+from gpu_triage.progress import ProgressFormatError, ProgressReader, parse_record
+from gpu_triage.publish import SnapshotHolder
+from gpu_triage.snapshot import Snapshot
+from gpu_triage.states import Mode
+
+FORGED = "x\n2026-12-03 10:00:00,000 CRITICAL gpu_watchdog.events: kill job=prod sigterm ok"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["\udcff\udcfejob", FORGED, "esc\x1b[2J", "a" * 201, ".hidden", "", "bidi\u202ejob", "ls\u2028x"],
+)
+def test_a_hostile_name_is_no_job_name(name: str) -> None:
+    assert job_name_problem(name) is not None
+    out = printable(name, 80)
+    assert out.isprintable() and len(out) <= 100 and "\n" not in out and "\x1b" not in out
+
+
+def test_good_names_pass_unchanged() -> None:
+    for name in ("qwen3-32b-ft", "slurm-4242.0", "ünïcode-job", "a" * 200):
+        assert job_name_problem(name) is None
+    assert safe_job_key("slurm-4242") == "slurm-4242"
+    assert safe_job_key("master-10.0.0.1:29500") == "master-10.0.0.1:29500"
+
+
+def test_environment_job_keys_are_bounded_printable_and_distinct() -> None:
+    a = job_key({"GPU_WATCHDOG_JOB": "\x1b[31m" + "A" * 10_000})
+    b = job_key({"GPU_WATCHDOG_JOB": "\x1b[32m" + "A" * 10_000})
+    s = job_key({"GPU_WATCHDOG_JOB": "job\udcff"})
+    assert a is not None and b is not None and s is not None
+    assert a != b and len(a) <= 64 and a.isprintable() and s.isprintable()
+    assert a == job_key({"GPU_WATCHDOG_JOB": "\x1b[31m" + "A" * 10_000})  # stable
+
+
+def test_a_job_field_that_is_no_job_name_is_a_format_error() -> None:
+    rec = (
+        '{"job": "\\udcff\\udcfe", "rank": 0, "local_rank": 0, "world_size": 1, "pid": 1, "host": "h",'
+        ' "step": 0, "epoch": 0, "tokens": 0, "phase": "train", "lease_until": null, "time": 1.7e9}'
+    )
+    with pytest.raises(ProgressFormatError, match="job"):
+        parse_record(rec)
+
+
+def test_non_utf8_and_newline_directory_names_are_errors_not_jobs(tmp_path: Path, caplog) -> None:
+    root = bytes(tmp_path)
+    for raw in (b"\xff\xfejob", FORGED.encode(), b"esc\x1b[2J"):
+        os.mkdir(root + b"/" + raw)
+        with open(root + b"/" + raw + b"/rank-0.json", "wb") as f:
+            f.write(b"{}")
+    caplog.set_level(logging.WARNING)
+    view = ProgressReader(tmp_path).read(time.time())
+    assert view.jobs == {}
+    assert len(view.errors) == 3 and all("not a job directory" in e.error for e in view.errors)
+    for record in caplog.records:
+        assert "\n" not in record.getMessage() and "\x1b" not in record.getMessage()
+
+
+def test_the_event_store_records_any_job_name(tmp_path: Path) -> None:
+    """Before: a lone surrogate in ``job`` raised UnicodeEncodeError out of the store, every cycle."""
+    with EventStore(tmp_path, time.time()) as store:
+        assert store.append("verdict", {"to": "\udcff"}, time_s=time.time(), job="\udcff\udcfe\n") is not None
+        [ev] = [e for e in store.since(0, 10) if e.kind == "verdict"]
+        assert ev.job is not None and ev.job.isprintable()
+
+
+def test_text_log_lines_cannot_be_forged(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    logs.configure("info", "text", stream)
+    try:
+        logging.getLogger("gpu_triage.progress").warning("progress file %s ignored", FORGED)
+        try:
+            raise ValueError("bad\nCRITICAL forged")
+        except ValueError:
+            logging.getLogger("x").exception("failed %s", "\x1b[2J")
+    finally:
+        logging.getLogger().handlers.clear()
+    lines = stream.getvalue().splitlines()
+    records = [line for line in lines if not line.startswith("| ")]
+    assert len(records) == 2, lines
+    assert "\x1b" not in stream.getvalue()
+
+
+def _snapshot(**kw) -> Snapshot:
+    now = time.time()
+    return Snapshot(
+        node="n", source="none", mode=Mode.OBSERVE, armed=False, cycle=1, time=now, period_s=1.0,
+        started_at=now, **kw,
+    )  # fmt: skip
+
+
+def _client(holder: SnapshotHolder, events: EventStore | None) -> TestClient:
+    app = create_app(
+        snapshots=holder, events=events, table=lambda: {}, control=None, token="t" * 32, period_s=1.0
+    )
+    return TestClient(app)
+
+
+def test_healthz_shows_a_single_failed_cycle_or_unjudged_job_at_once() -> None:
+    holder = SnapshotHolder()
+    client = _client(holder, None)
+    holder.publish(_snapshot())
+    assert client.get("/healthz").json()["status"] == "ok"
+    holder.publish(_snapshot(failed_cycles=1, counters={"failed_cycles_total": 1.0}))
+    body = client.get("/healthz").json()
+    assert (body["status"], body["failed_cycles_total"]) == ("degraded", 1)
+    holder.publish(_snapshot(input_errors=({"kind": "persist", "where": "j", "error": "x"},)))
+    assert client.get("/healthz").json()["errors"] == ["persist"]
+
+
+def test_events_since_beyond_any_id_is_a_client_error(tmp_path: Path) -> None:
+    with EventStore(tmp_path, time.time()) as store:
+        client = _client(SnapshotHolder(), store)
+        response = client.get("/events", params={"since": "100000000000000000000000"})
+        assert 400 <= response.status_code < 500
+
+
+# ----------------------------------------------------------------------- identity (items 2 and 3)
+
+
+def _cand(pid: int, job: str, uid: int, created: float, proof=("rank_env",), scope=None) -> Candidate:
+    return Candidate(pid, 1, job, 0, 0, 1, None, (), "environ", proof=proof, uid=uid, scope=scope,
+                     create_time=created)  # fmt: skip
+
+
+def test_a_later_process_of_another_owner_never_takes_a_running_jobs_name() -> None:
+    a = _cand(10, "slurm-4242", 1000, 100.0)
+    b = _cand(20, "slurm-4242", 1001, 200.0)
+    named = {c.pid: c.job for c in name_groups([b, a], {})}
+    assert named == {10: "slurm-4242", 20: "slurm-4242@uid1001"}
+    # B's own progress file renames B's group only
+    named = {c.pid: c.job for c in name_groups([a, b], {("slurm-4242", 1001, None): "bjob"})}
+    assert named == {10: "slurm-4242", 20: "bjob"}
+
+
+def test_the_kernel_names_the_slurm_job() -> None:
+    assert kernel_scope("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n") == "slurm:4242"
+    assert kernel_scope("0::/user.slice/user-1000.slice/session-3.scope\n") is None
+
+
+def test_the_plan_skips_a_reused_pid_another_owner_and_foreign_descendants() -> None:
+    table = {
+        1: ProcEntry(1, 0, 1, 0.0, "init", 0),
+        50: ProcEntry(50, 1, 50, 5.0, "daemon", 0),
+        100: ProcEntry(100, 1, 100, 10.0, "rank0", 1000),
+        101: ProcEntry(101, 100, 100, 11.0, "worker", 1000),
+        102: ProcEntry(102, 100, 100, 12.0, "setuid-child", 0),
+        200: ProcEntry(200, 1, 200, 99.0, "reused", 1000),
+        300: ProcEntry(300, 1, 300, 30.0, "other", 1001),
+    }
+    ids = {100: Identity(10.0, 1000), 200: Identity(20.0, 1000), 300: Identity(30.0, 1000)}
+    plan = plan_kill([100, 200, 300], table, own_pid=50, identities=ids)
+    covered = set(plan.members)
+    assert covered == {100, 101}, plan
+    reasons = dict(plan.skipped)
+    assert "reused" in reasons[200] and "uid 1001" in reasons[300] and "another owner" in reasons[102]
+
