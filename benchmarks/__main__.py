@@ -24,6 +24,7 @@ BENCHES = {
     "verdicts": "benchmarks.bench_verdicts",
     "stacks": "benchmarks.bench_stacks",
     "integrations": "benchmarks.bench_integrations",
+    "hostile": "benchmarks.bench_hostile",
 }
 
 

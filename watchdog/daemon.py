@@ -133,7 +133,9 @@ class Daemon:
     def start(self) -> None:
         """Raises ConfigError (exit 2) for what the config names but cannot be used - checked here
         once, not found failing in every cycle."""
-        validate_classifier(self.config)
+        for check in start_checks():
+            if check is not check_token or self.serve_http:  # the token serves the HTTP API only
+                check(self.config)
         state_dir = Path(self.config.daemon.state_dir)
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
@@ -631,6 +633,22 @@ class Daemon:
         self._event("daemon", {"event": "reloaded", "config": new.origin})
         self.notifier.ready("configuration reloaded")
         log.info("configuration reloaded from %s", new.origin)
+
+
+def check_token(config: Config) -> None:
+    """The token file, as :meth:`Daemon.start` loads it (ConfigError naming ``auth.token_file``)."""
+    from gpu_triage.config import ConfigError
+
+    try:
+        load_token(config)
+    except ConfigError as e:
+        raise ConfigError([f"auth.token_file: {p}" for p in e.problems]) from None
+
+
+def start_checks() -> tuple[Callable[[Config], None], ...]:
+    """Every check ``run`` makes of a configuration before its first cycle (each raises ConfigError);
+    ``check-config`` runs the same list, so it never approves what ``run`` refuses."""
+    return (validate_classifier, check_token)
 
 
 def validate_classifier(config: Config) -> None:

@@ -234,3 +234,32 @@ def test_item4_b_cannot_slow_the_node_with_files(users, tmp_path: Path) -> None:
         cap = getattr(progress_mod, "MAX_FILES_PER_OWNER", 2048)
         assert node.daemon.progress.reads_total <= cap + 50, node.daemon.progress.reads_total
         assert reads[-1] - reads[100] < 50, "B's files are not re-read every cycle"
+
+
+# ------------------------------------------------------------------------------ item 9: the token
+
+
+def test_item9_a_token_readable_by_a_training_group_is_refused(users, tmp_path: Path) -> None:
+    """0640 is only for a group of operators: a group with training users in it, or the progress
+    directory's group, could read the token and arm the daemon."""
+    from gpu_triage.config import ConfigError, load_config, load_secret, load_token, override
+
+    a, _ = users
+    token = tmp_path / "token"
+    token.write_text("t" * 32 + "\n")
+    os.chown(token, 0, a.gid)
+    token.chmod(0o640)
+    with pytest.raises(ConfigError, match="other members"):
+        load_secret(token)
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    os.chown(progress, 0, a.gid)
+    config = override(
+        load_config(None, {}),
+        {"auth.token_file": str(token), "progress.dir": str(progress)},
+        origin="test",
+    )
+    with pytest.raises(ConfigError, match="progress directory's group"):
+        load_token(config)
+    os.chown(token, 0, 0)  # root's group (no other members here): an operators' group is fine
+    assert load_secret(token) == "t" * 32

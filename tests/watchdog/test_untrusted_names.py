@@ -175,3 +175,45 @@ def test_the_plan_skips_a_reused_pid_another_owner_and_foreign_descendants() -> 
     reasons = dict(plan.skipped)
     assert "reused" in reasons[200] and "uid 1001" in reasons[300] and "another owner" in reasons[102]
 
+
+
+# ---------------------------------------------------------------------------------------- item 9
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("table", '"/dev/zero"', "not a regular file"),
+        ("table", '"/nonexistent/table.toml"', "no such table file"),
+        ("model", '"XYZ"', "no built-in table for model 'XYZ'"),
+    ],
+)
+def test_check_config_refuses_what_run_refuses(tmp_path: Path, key: str, value: str, message: str) -> None:
+    from gpu_triage.ops_cmd import check_config
+
+    path = tmp_path / "config.toml"
+    path.write_text(f"[classifier]\n{key} = {value}\n")
+    code, lines = check_config(str(path), {})
+    assert code == 2, lines
+    assert any(f"classifier.{key}" in line and message in line for line in lines), lines
+
+
+def _h100_csv(path: Path, limit: str) -> Path:
+    rows = ["timestamp, index, name, power.draw [W], power.limit [W], utilization.gpu [%], memory.used [MiB]"]
+    rows += [
+        f"2026/12/03 10:{i // 60:02d}:{i % 60:02d}.000, 0, NVIDIA H100 80GB HBM3, 130.00 W, {limit} W, 100 %, 70000 MiB"
+        for i in range(700)
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("where", ["csv", "flag"])
+def test_a_power_limit_no_gpu_has_is_refused_not_a_hidden_deadlock(tmp_path: Path, where: str, capsys) -> None:
+    from gpu_triage import cli
+
+    csv = _h100_csv(tmp_path / "rec.csv", "1e308" if where == "csv" else "700.00")
+    argv = ["triage", "--no-progress", str(csv)] + (["--power-limit", "1e308"] if where == "flag" else [])
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "power" in err and "outside 1-5000 W" in err, err
