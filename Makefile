@@ -13,7 +13,7 @@ PORT ?= 9410
 BASE_STAMP := $(VENV)/.stamp-base
 FULL_STAMP := $(VENV)/.stamp-full
 
-.PHONY: install install-base run test test-fast bench lint fmt clean demo triage-demo system-deps dist
+.PHONY: install install-base importpath run test test-fast bench lint typecheck fmt clean demo triage-demo system-deps dist
 
 install: $(FULL_STAMP)
 install-base: $(BASE_STAMP)
@@ -24,7 +24,17 @@ $(VENV)/bin/python:
 # The daemon and triage only: what a GPU node needs (no torch).
 $(BASE_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -e '.[daemon,dev]'
+	$(MAKE) --no-print-directory importpath
 	touch $@
+
+# The source folders are watchdog/ and trainer/, the import names gpu_triage and ft_trainer. setuptools'
+# editable install maps them with an import hook that type checkers and editors cannot follow; links in
+# $(VENV)/importpath, put on sys.path by a .pth file, give them plain directories to read.
+importpath: | $(VENV)/bin/python
+	mkdir -p $(VENV)/importpath
+	ln -sfn $(abspath watchdog) $(VENV)/importpath/gpu_triage
+	ln -sfn $(abspath trainer) $(VENV)/importpath/ft_trainer
+	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "00-gpu-triage-importpath.pth").write_text("$(CURDIR)/$(VENV)/importpath\n")'
 
 # Everything, including the trainer extra, in the order DeepSpeed needs.
 $(FULL_STAMP): pyproject.toml $(BASE_STAMP)
@@ -65,6 +75,11 @@ dist: $(BASE_STAMP)
 lint: $(BASE_STAMP)
 	$(VENV)/bin/ruff check watchdog trainer tests benchmarks
 	$(VENV)/bin/ruff format --check watchdog trainer tests benchmarks
+
+# mypy over both import packages (pyproject.toml [tool.mypy]: strict on model/, verdicts/, classify/ and
+# the contract); the trainer's modules need the trainer extra's libraries.
+typecheck: $(FULL_STAMP)
+	$(PY) -m mypy
 
 fmt: $(BASE_STAMP)
 	$(VENV)/bin/ruff check --fix watchdog trainer tests benchmarks

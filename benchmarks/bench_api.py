@@ -1,8 +1,8 @@
 """``/status`` latency under load (issue 3, "Must show": p99 at most 20 ms at 200 requests/s).
 
 The HTTP server runs in this process exactly as the daemon runs it (uvicorn in a thread, the app over a
-:class:`~gpu_triage.publish.SnapshotHolder`) with a realistic 16-GPU, 16-rank snapshot. A stand-in loop
-thread publishes a fresh snapshot at 10 Hz (so each cycle's ``/status`` body is rendered anew, as in
+:class:`~gpu_triage.serving.publish.SnapshotHolder`) with a realistic 16-GPU, 16-rank snapshot. A
+stand-in loop thread publishes a fresh snapshot at 10 Hz (each cycle's ``/status`` body rendered anew, as in
 the daemon) and measures its own wake-up lateness: a cycle later than one period counts as missed.
 The load comes from a second *process* (an httpx client with keep-alive, paced at ``rate`` requests
 per second), so client and server do not share a GIL.
@@ -24,11 +24,11 @@ import time
 from dataclasses import replace
 
 from benchmarks.common import header, line
-from gpu_triage.api import create_app
-from gpu_triage.control import QueuedControl
-from gpu_triage.httpserver import HttpServer
-from gpu_triage.publish import SnapshotHolder
-from gpu_triage.states import Verdict
+from gpu_triage.model.states import Verdict
+from gpu_triage.serving.api import create_app
+from gpu_triage.serving.control import QueuedControl
+from gpu_triage.serving.http_server import HttpServer
+from gpu_triage.serving.publish import SnapshotHolder
 from tests.watchdog.snapshots import snapshot
 
 RATE_PER_S = 200.0

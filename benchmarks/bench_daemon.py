@@ -33,8 +33,8 @@ RATE_PER_S = 200.0
 
 CHILD = r"""
 import sys, time
-from gpu_triage.config import load_config, override
-from gpu_triage.daemon import Daemon, install_signal_handlers
+from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.loop import Daemon, install_signal_handlers
 from gpu_triage.telemetry.sim import SimSource
 port, state, progress, start = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 config = override(load_config(None, {}), {"daemon.listen": f"127.0.0.1:{port}", "daemon.state_dir": state,

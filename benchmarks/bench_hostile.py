@@ -75,8 +75,8 @@ def _fill(progress: Path, decoy_pid: int, now: float) -> int:
 
 def _measure(hostile: bool, cycles: int) -> tuple[float, float, float, int]:
     from ft_trainer.progress import ProgressWriter
-    from gpu_triage.config import load_config, override
-    from gpu_triage.daemon import Daemon
+    from gpu_triage.config.settings import load_config, override
+    from gpu_triage.daemon.loop import Daemon
     from gpu_triage.telemetry.none import NoneSource
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "GPU_WATCHDOG_JOB")}
@@ -120,7 +120,7 @@ def _measure(hostile: bool, cycles: int) -> tuple[float, float, float, int]:
             finally:
                 daemon.close()
             steady = sorted(times[1:])
-            p99 = steady[min(len(steady) - 1, int(round(0.99 * (len(steady) - 1))))]
+            p99 = steady[min(len(steady) - 1, round(0.99 * (len(steady) - 1)))]
             return times[0], statistics.median(steady), p99, files
     finally:
         for p in (*ranks, decoy):
@@ -136,8 +136,22 @@ def run(quick: bool = False) -> None:
     cold_h, med_h, p99_h, files = _measure(True, cycles)
     who = "another user (nobody)" if _attacker() else "the same user (not root: no per-owner cap)"
     print(f"  hostile: {files:,} files by {who}", flush=True)
-    line("first cycle", cold_h * 1000, "ms", baseline=cold_q * 1000, baseline_name="quiet", higher_is_better=False)
-    line("cycle median", med_h * 1000, "ms", baseline=med_q * 1000, baseline_name="quiet", higher_is_better=False)
+    line(
+        "first cycle",
+        cold_h * 1000,
+        "ms",
+        baseline=cold_q * 1000,
+        baseline_name="quiet",
+        higher_is_better=False,
+    )
+    line(
+        "cycle median",
+        med_h * 1000,
+        "ms",
+        baseline=med_q * 1000,
+        baseline_name="quiet",
+        higher_is_better=False,
+    )
     line(
         "cycle p99",
         p99_h * 1000,

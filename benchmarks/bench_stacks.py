@@ -32,7 +32,7 @@ import psutil
 
 from benchmarks.bench_daemon import _free_port
 from benchmarks.common import header, line
-from gpu_triage.stack_sampler import find_py_spy, run_py_spy
+from gpu_triage.signals.stacks.sampler import find_py_spy, run_py_spy
 
 GPUS = 16
 RANKS = 16
@@ -40,8 +40,8 @@ EXTRA_BUDGET = 0.01
 
 CHILD = r"""
 import sys, time
-from gpu_triage.config import load_config, override
-from gpu_triage.daemon import Daemon, install_signal_handlers
+from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.loop import Daemon, install_signal_handlers
 from gpu_triage.telemetry.sim import SimSource
 port, state, progress, start, gpus, stacks, scenario = sys.argv[1:8]
 config = override(load_config(None, {}), {"daemon.listen": f"127.0.0.1:{port}", "daemon.state_dir": state,

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpu_triage import __version__
-from gpu_triage.config import load_config, override
+from gpu_triage.config.settings import load_config, override
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "kubernetes"

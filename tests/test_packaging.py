@@ -44,7 +44,7 @@ def test_both_commands_report_the_distributions_version() -> None:
     from ft_trainer import __version__ as trainer_version
     from ft_trainer.cli import build_parser as trainer_parser
     from gpu_triage import __version__ as watchdog_version
-    from gpu_triage.cli import build_parser as watchdog_parser
+    from gpu_triage.cli.main import build_parser as watchdog_parser
 
     version = _pyproject()["project"]["version"]
     assert watchdog_version == trainer_version == version

@@ -177,7 +177,7 @@ def _am_alerts(am_url: str) -> list[dict[str, Any]]:
 
 
 def _daemon_log_lines(path: Path, job: str) -> dict[str, str]:
-    """The daemon's structured event lines for ``job`` (gpu_triage.logs), first of each kind: the
+    """The daemon's structured event lines for ``job`` (gpu_triage.journal.logs), first of each kind: the
     verdict that went to a deadlock, the evidence bundle, the SIGTERM (what journalctl would show)."""
     wanted = {
         "verdict": (f"verdict job={job} ", "-> deadlock_suspected"),

@@ -1,7 +1,7 @@
 """A simulated training job for demos and tests: real processes, real progress files, simulated GPUs.
 
 ``python -m ft_trainer.simjob`` starts one process per local rank. Each follows the same scripted scenario
-as the daemon's ``sim`` telemetry source (``watchdog/scenarios/``; both anchored at ``--start-epoch``)
+as the daemon's ``sim`` telemetry source (``watchdog/telemetry/scenarios/``; both anchored at ``--start-epoch``)
 and behaves as a real rank would: it writes its progress file through :mod:`ft_trainer.progress` on every
 step and phase change, holds a lease during a checkpoint (rank 0 really writes to disk while it saves),
 and when the scenario hangs it simply stops reporting - as a rank stuck in a collective does. Ranks

@@ -1,5 +1,5 @@
 import sys
 
-from gpu_triage.cli import main
+from gpu_triage.cli.main import main
 
 sys.exit(main())

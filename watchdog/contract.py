@@ -17,7 +17,7 @@ collective phase (save, eval, epoch end) on *every* rank, the waiting ranks incl
 ``checkpoint`` while another sits frozen in ``train`` is a contradiction (a hang), not a save; ``"rank"``
 (or absent) when only the ranks doing the work announce it.
 
-Who uses this module: the daemon's reader (``gpu_triage.progress``) takes its field names, phases and
+Who uses this module: the daemon's reader (``gpu_triage.signals.progress``) takes its field names, phases and
 limits from here; this project's trainer (``ft_trainer.progress`` re-exports the writer) and the
 framework integrations (``gpu_triage.integrations``) write through :class:`ProgressWriter`.
 

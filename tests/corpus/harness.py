@@ -1,9 +1,9 @@
 """Run a scripted situation through the daemon's real decision path on an explicit clock.
 
-What is real: the power tables and :class:`~gpu_triage.gpu_tracker.GpuTracker` (classifier with
+What is real: the power tables and :class:`~gpu_triage.classify.tracker.GpuTracker` (classifier with
 hysteresis), progress files written by the trainer's own writer and read back by the daemon's
-:class:`~gpu_triage.progress.ProgressReader`, :func:`~gpu_triage.fusion.job_views`, the
-:class:`~gpu_triage.detector.Detector`, and the :class:`~gpu_triage.actions.engine.ActionEngine` with
+:class:`~gpu_triage.signals.progress.ProgressReader`, :func:`~gpu_triage.verdicts.fusion.job_views`, the
+:class:`~gpu_triage.verdicts.detector.Detector`, and the :class:`~gpu_triage.actions.engine.ActionEngine` with
 an event store, in ``kill`` mode with ``dry_run`` and the default delays - so "a SIGTERM plan" below
 is the engine's own decision to signal, recorded before anything would be sent.
 
@@ -29,17 +29,17 @@ from pathlib import Path
 from ft_trainer.progress import ProgressWriter
 from gpu_triage.actions.alerts import condition_for
 from gpu_triage.actions.engine import ActionEngine
-from gpu_triage.config import ActionsConfig, AlertsConfig
-from gpu_triage.control import SilenceBook
-from gpu_triage.detector import Detector, DetectorConfig, GpuView, JobView
-from gpu_triage.eventstore import EventStore
-from gpu_triage.fusion import job_views
-from gpu_triage.gpu_tracker import GpuTracker
-from gpu_triage.processes import RankProcess
-from gpu_triage.progress import ProgressReader
-from gpu_triage.stacks import Frame, RankStack, StackSummary, ThreadStack, classify
-from gpu_triage.states import KILL_WORTHY_VERDICTS, Mode, Verdict
-from gpu_triage.telemetry.types import GpuSample
+from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.classify.tracker import GpuTracker
+from gpu_triage.config.settings import ActionsConfig, AlertsConfig
+from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.samples import GpuSample
+from gpu_triage.model.states import KILL_WORTHY_VERDICTS, Mode, Verdict
+from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.stacks.dumps import Frame, RankStack, StackSummary, ThreadStack, classify
+from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView
+from gpu_triage.verdicts.fusion import job_views
 
 T0 = 1_780_000_000.0
 HOST = "corpus-node"

@@ -21,15 +21,15 @@ from pathlib import Path
 
 from ft_trainer.progress import ProgressWriter
 from gpu_triage.actions.engine import ActionEngine
-from gpu_triage.config import ActionsConfig, AlertsConfig
-from gpu_triage.control import SilenceBook
-from gpu_triage.daemon import progress_claims
-from gpu_triage.detector import Detector
-from gpu_triage.eventstore import EventStore
-from gpu_triage.fusion import job_views
-from gpu_triage.processes import ProcessInspector
-from gpu_triage.progress import ProgressReader
-from gpu_triage.states import Mode
+from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.config.settings import ActionsConfig, AlertsConfig
+from gpu_triage.daemon.loop import progress_claims
+from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.states import Mode
+from gpu_triage.signals.processes import ProcessInspector
+from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.verdicts.detector import Detector
+from gpu_triage.verdicts.fusion import job_views
 
 JOB = "victim-job"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]

@@ -40,7 +40,7 @@ def test_make_demo_catches_and_kills_the_real_deadlock(tmp_path: Path) -> None:
     assert summary["job_killed"] is True and summary["equalized_exit_codes"] == [0, 0]
     assert "phase_disagreement" in summary["signals"] or "steps_frozen" in summary["signals"]
     assert summary["alertmanager_alerts"][0]["training_job"] == "tiny-cpu"
-    # The daemon's log has the verdict, the evidence and the kill, each as one line (gpu_triage.logs).
+    # The daemon's log has the verdict, the evidence and the kill, each as one line (gpu_triage.journal.logs).
     logged = summary["daemon_log"]
     assert logged["verdict"].startswith("verdict job=tiny-cpu "), logged
     assert "-> deadlock_suspected" in logged["verdict"] and "signals=" in logged["verdict"], logged

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.config import load_config, override
-from gpu_triage.daemon import Daemon
+from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.loop import Daemon
 from gpu_triage.telemetry.none import NoneSource
 from tests.conftest import REPO, in_ci
 from tests.integration.slurm_cluster import NODE, SlurmCluster, missing_binaries
@@ -91,7 +91,7 @@ class StatusServer(BaseHTTPRequestHandler):
 
 def _health_check(cluster: SlurmCluster, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpu_triage.cli", "slurm-health-check", "--url", url, "--node", NODE, *extra],
+        [sys.executable, "-m", "gpu_triage", "slurm-health-check", "--url", url, "--node", NODE, *extra],
         env=cluster.env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

@@ -190,7 +190,7 @@ def name_seeds() -> list[bytes]:
 
 
 def run_csv(data: bytes, tmp: Path) -> str:
-    from gpu_triage import cli
+    from gpu_triage.cli import main as cli
 
     path = tmp / "rec.csv"
     path.write_bytes(data)
@@ -206,7 +206,7 @@ def run_csv(data: bytes, tmp: Path) -> str:
 
 
 def run_config(data: bytes, tmp: Path) -> str:
-    from gpu_triage.config import ConfigError, load_config
+    from gpu_triage.config.settings import ConfigError, load_config
 
     path = tmp / "config.toml"
     path.write_bytes(data)
@@ -220,7 +220,7 @@ def run_config(data: bytes, tmp: Path) -> str:
 
 
 def run_progress(data: bytes, tmp: Path) -> str:
-    from gpu_triage.progress import ProgressFormatError, ProgressReader, parse_record
+    from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
 
     try:
         parse_record(data)
@@ -250,11 +250,11 @@ def run_names(data: bytes, tmp: Path) -> str:
     import os
     import shutil
 
-    from gpu_triage import logs
-    from gpu_triage.eventstore import EventStore
-    from gpu_triage.names import job_name_problem, printable
-    from gpu_triage.processes import job_key
-    from gpu_triage.progress import ProgressReader
+    from gpu_triage.journal import logs
+    from gpu_triage.journal.eventstore import EventStore
+    from gpu_triage.model.names import job_name_problem, printable
+    from gpu_triage.signals.processes import job_key
+    from gpu_triage.signals.progress import ProgressReader
 
     root = tmp / "names"
     shutil.rmtree(root, ignore_errors=True)

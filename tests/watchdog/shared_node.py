@@ -29,8 +29,8 @@ import pytest
 
 from ft_trainer.progress import ProgressWriter
 from gpu_triage.actions.engine import ActionEngine
-from gpu_triage.config import load_config, override
-from gpu_triage.daemon import Daemon
+from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.loop import Daemon
 from gpu_triage.telemetry.none import NoneSource
 from tests.conftest import in_ci
 
@@ -277,8 +277,8 @@ def reaped() -> Iterator[list[subprocess.Popen]]:
 
 __all__ = [
     "Node",
-    "OwnedWriter",
     "Outcome",
+    "OwnedWriter",
     "User",
     "alive",
     "reaped",

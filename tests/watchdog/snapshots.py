@@ -6,8 +6,8 @@ job whose ranks map one-to-one onto GPUs, in a chosen verdict, at a chosen time.
 
 from __future__ import annotations
 
-from gpu_triage.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
-from gpu_triage.states import GpuState, Mode, Verdict
+from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
+from gpu_triage.model.states import GpuState, Mode, Verdict
 
 #: 2025-12-02T12:00:00Z - a fixed epoch time so that expected values are literal.
 T0 = 1_764_676_800.0

@@ -16,12 +16,12 @@ import pytest
 
 from gpu_triage.actions.engine import ActionEngine
 from gpu_triage.actions.evidence import find_py_spy
-from gpu_triage.config import ActionsConfig, AlertsConfig, SinkConfig
-from gpu_triage.control import SilenceBook
-from gpu_triage.eventstore import EventStore
-from gpu_triage.processes import RankProcess
-from gpu_triage.snapshot import JobStatus
-from gpu_triage.states import GpuState, Mode, Verdict
+from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.config.settings import ActionsConfig, AlertsConfig, SinkConfig
+from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.snapshot import JobStatus
+from gpu_triage.model.states import GpuState, Mode, Verdict
+from gpu_triage.signals.processes import RankProcess
 from tests.watchdog.snapshots import T0, gpu_status
 from tests.watchdog.test_alerts import make_job
 from tests.watchdog.test_delivery import FakeClock, Receiver, free_port, receiver, secret_file, wait_until

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-from gpu_triage.runbook import DEFAULT_RUNBOOK_BASE
+from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE
 from tests.conftest import REPO, require_binary
 
 CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"

@@ -27,10 +27,10 @@ from gpu_triage.actions.alerts import (
     slack_payload,
     webhook_payload,
 )
-from gpu_triage.pods import PodRef
-from gpu_triage.runbook import DEFAULT_RUNBOOK_BASE
-from gpu_triage.snapshot import JobStatus, RankStatus
-from gpu_triage.states import KILL_WORTHY_VERDICTS, GpuState, Verdict
+from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE
+from gpu_triage.model.snapshot import JobStatus, RankStatus
+from gpu_triage.model.states import KILL_WORTHY_VERDICTS, GpuState, Verdict
+from gpu_triage.signals.pods import PodRef
 from tests.watchdog.snapshots import T0, gpu_status
 
 

@@ -15,11 +15,12 @@ from fastapi.testclient import TestClient
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 
-from gpu_triage.api import GpuDoc, HealthDoc, StatusDoc, create_app
-from gpu_triage.control import ControlRefused, EventsReader, QueuedControl, SilenceBook
-from gpu_triage.publish import SnapshotHolder
-from gpu_triage.snapshot import Snapshot
-from gpu_triage.states import GpuState, Mode, Verdict
+from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.model.snapshot import Snapshot
+from gpu_triage.model.states import GpuState, Mode, Verdict
+from gpu_triage.serving.api import GpuDoc, HealthDoc, StatusDoc, create_app
+from gpu_triage.serving.control import ControlRefused, EventsReader, QueuedControl
+from gpu_triage.serving.publish import SnapshotHolder
 from tests.watchdog.snapshots import T0, snapshot
 
 TOKEN = "tok-3f9c2a7e51d04b8c9a6e"
@@ -316,7 +317,7 @@ def test_events_query_validation_is_422(params: dict[str, Any]) -> None:
 
 
 def test_events_from_the_real_event_store(tmp_path: Path) -> None:
-    from gpu_triage.eventstore import EventStore
+    from gpu_triage.journal.eventstore import EventStore
 
     store = EventStore(tmp_path, T0)
     try:

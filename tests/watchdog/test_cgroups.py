@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.cgroups import PodCgroup, parse_cgroup_path, parse_proc_cgroup
-from gpu_triage.pods import PodRef, PodResolver, container_names, pod_names
-from gpu_triage.snapshot import JobStatus
-from gpu_triage.states import Verdict
+from gpu_triage.model.snapshot import JobStatus
+from gpu_triage.model.states import Verdict
+from gpu_triage.signals.cgroups import PodCgroup, parse_cgroup_path, parse_proc_cgroup
+from gpu_triage.signals.pods import PodRef, PodResolver, container_names, pod_names
 from tests.watchdog.snapshots import rank_status
 
 UID = "3f2a91c4-1b2d-4e5f-8a9b-0c1d2e3f4a5b"

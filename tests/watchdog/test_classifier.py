@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from gpu_triage.classify.bands import raw_state, raw_states
 from gpu_triage.classify.hysteresis import GpuClassifier, classify_series
-from gpu_triage.states import GPU_STATES, GpuState
-from gpu_triage.tables import builtin_table
+from gpu_triage.classify.table_files import builtin_table
+from gpu_triage.model.states import GPU_STATES, GpuState
 
 H100 = builtin_table("H100")
 NAN = math.nan
@@ -241,7 +241,7 @@ def test_a_capped_gpu_still_spins_in_the_spin_band_and_trains_in_compute():
 
 
 def test_rescaled_tables_still_cover_every_point():
-    from gpu_triage.tables import _check_coverage, all_tables
+    from gpu_triage.classify.table_files import _check_coverage, all_tables
 
     for table in all_tables():
         for cap in (0.4, 0.6, 0.8, 1.3):

@@ -1,6 +1,6 @@
 """``gpu-watchdog cluster`` and ``status`` against real daemons' REST apps on loopback.
 
-Each "daemon" is the real app served by a real :class:`~gpu_triage.httpserver.HttpServer` over a
+Each "daemon" is the real app served by a real :class:`~gpu_triage.serving.http_server.HttpServer` over a
 snapshot of a node of a 2-node, 16-rank job; the commands run through the real CLI entry point.
 """
 
@@ -16,13 +16,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from gpu_triage.api import create_app, status_document
-from gpu_triage.cli import main
-from gpu_triage.cluster import Fetched, analyse, base_url, render
-from gpu_triage.httpserver import HttpServer
-from gpu_triage.publish import SnapshotHolder
-from gpu_triage.snapshot import JobStatus, Snapshot
-from gpu_triage.states import GpuState, Mode, Verdict
+from gpu_triage.cli.cluster import Fetched, analyse, base_url, render
+from gpu_triage.cli.main import main
+from gpu_triage.model.snapshot import JobStatus, Snapshot
+from gpu_triage.model.states import GpuState, Mode, Verdict
+from gpu_triage.serving.api import create_app, status_document
+from gpu_triage.serving.http_server import HttpServer
+from gpu_triage.serving.publish import SnapshotHolder
 from tests.watchdog.snapshots import gpu_status, rank_status
 
 JOB = "qwen3-32b-ft"
@@ -376,7 +376,7 @@ def test_status_shows_gpus_and_jobs_and_exits_1_on_a_deadlock(capsys: pytest.Cap
 def test_status_shows_local_times_with_ages_and_names_the_lagging_ranks() -> None:
     from datetime import timedelta, timezone
 
-    from gpu_triage.status_cmd import lagging_ranks, render
+    from gpu_triage.cli.status import lagging_ranks, render
 
     now = 1_764_676_800.0  # 2025-12-02 12:00:00 UTC
     snapshot = node_snapshot(
@@ -401,7 +401,7 @@ def test_status_shows_local_times_with_ages_and_names_the_lagging_ranks() -> Non
 def test_status_watch_redraws_until_interrupted(capsys: pytest.CaptureFixture[str]) -> None:
     import io
 
-    from gpu_triage.status_cmd import run
+    from gpu_triage.cli.status import run
 
     daemon = Daemon()
     now = time.time()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.config import (
+from gpu_triage.config.settings import (
     Config,
     ConfigError,
     load_config,
@@ -18,7 +18,7 @@ from gpu_triage.config import (
     parse_env_value,
     schema_keys,
 )
-from gpu_triage.states import Mode
+from gpu_triage.model.states import Mode
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "deploy" / "config.example.toml"

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from ft_trainer.progress import ProgressWriter
-from gpu_triage.config import load_config, override
-from gpu_triage.daemon import Daemon
-from gpu_triage.states import GpuState, Verdict
+from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.loop import Daemon
+from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.telemetry.nvml import NvmlSource
 from tests.conftest import REPO, require_binary
 from tests.watchdog import fake_nvml
@@ -121,7 +121,7 @@ def test_make_run_serves_8_b300_and_reports_the_epoch_end_deadlock(tmp_path: Pat
     assert code == 0, out[-3000:]
     assert "SIMULATION" in out and f"curl -s 127.0.0.1:{port}/status" in out
     assert "deadlock_suspected" in out  # the one-line summary printed it
-    # The daemon's log: the deadlock and its evidence, each one structured line (gpu_triage.logs).
+    # The daemon's log: the deadlock and its evidence, each one structured line (gpu_triage.journal.logs).
     lines = [line.partition("gpu_watchdog.events: ")[2] for line in out.splitlines()]
     verdict = [x for x in lines if x.startswith("verdict job=qwen3-32b-ft ") and "-> deadlock_suspected" in x]
     assert verdict and "signals=" in verdict[0] and "onset=" in verdict[0], out[-3000:]
@@ -142,7 +142,7 @@ def write_config(path: Path, state: Path, progress: Path, port: int, mode: str =
 
 @pytest.mark.slow
 def test_run_replays_a_recording_reloads_on_sighup_and_stops_on_sigterm(tmp_path: Path):
-    from gpu_triage.recordings.writer import write_nvsmi_csv
+    from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
     from gpu_triage.telemetry.sim import Scenario
 
     rec = tmp_path / "hang.csv"
@@ -294,7 +294,7 @@ def _gpu_states(url: str) -> set[str] | None:
 @pytest.mark.slow
 def test_cluster_names_the_node_that_entered_the_spin_band_first(tmp_path: Path):
     """Two real daemons replaying different recordings: node-b's GPUs hang 15 s after node-a's."""
-    from gpu_triage.recordings.writer import write_nvsmi_csv
+    from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
     from gpu_triage.telemetry.sim import Scenario
 
     procs, urls = [], []

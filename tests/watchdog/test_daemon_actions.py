@@ -20,9 +20,9 @@ from typing import ClassVar
 
 import pytest
 
-from gpu_triage.config import SinkConfig, load_config, override
-from gpu_triage.daemon import Daemon
-from gpu_triage.logs import LOGGER_NAME
+from gpu_triage.config.settings import SinkConfig, load_config, override
+from gpu_triage.daemon.loop import Daemon
+from gpu_triage.journal.logs import LOGGER_NAME
 from gpu_triage.telemetry.sim import SimSource
 from tests.conftest import REPO
 
@@ -168,7 +168,7 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
         assert not [a for a in actions if a[0] in ("sigterm", "sigkill") and a[1] in ("started", "ok")]
         assert all(alive_at_end), "alert mode never signals"
 
-    # Each step is one structured log line (gpu_triage.logs), as journalctl shows them.
+    # Each step is one structured log line (gpu_triage.journal.logs), as journalctl shows them.
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER_NAME]
     assert all("\n" not in line for line in lines)
 

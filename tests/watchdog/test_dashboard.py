@@ -2,8 +2,9 @@
 
 The structural tests need nothing outside Python. The integration test starts Debian's ``prometheus``
 on a free loopback port with the shipped scrape job and rules (deploy/prometheus/, only the targets
-and intervals changed), scraping a real :class:`~gpu_triage.httpserver.HttpServer` that serves the real
-app over a realistic, live snapshot (8 GPUs, a 2-node job's 8 local ranks, one of them lagging, a
+and intervals changed), scraping a real
+:class:`~gpu_triage.serving.http_server.HttpServer` that serves the real app over a realistic,
+live snapshot (8 GPUs, a 2-node job's 8 local ranks, one of them lagging, a
 deadlock_suspected verdict), and a dcgm-exporter endpoint beside it, then runs every panel target's
 and annotation's query through the HTTP API (``query_range`` for range targets, ``query`` for instant
 ones) and requires data from each.
@@ -33,12 +34,12 @@ import httpx
 import pytest
 import yaml
 
-from gpu_triage.api import create_app
-from gpu_triage.httpserver import HttpServer
-from gpu_triage.metrics import METRIC_NAMES
-from gpu_triage.publish import SnapshotHolder
-from gpu_triage.snapshot import JobStatus, Snapshot
-from gpu_triage.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
+from gpu_triage.model.snapshot import JobStatus, Snapshot
+from gpu_triage.model.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
+from gpu_triage.serving.api import create_app
+from gpu_triage.serving.http_server import HttpServer
+from gpu_triage.serving.metrics import METRIC_NAMES
+from gpu_triage.serving.publish import SnapshotHolder
 from tests.conftest import REPO, require_binary
 from tests.watchdog.snapshots import gpu_status, rank_status
 

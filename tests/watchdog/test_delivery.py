@@ -27,8 +27,8 @@ import pytest
 
 from gpu_triage.actions.alerts import Alert, Condition, build_alert, resolve
 from gpu_triage.actions.delivery import Delivery, backoff_s
-from gpu_triage.config import AlertsConfig, SinkConfig
-from gpu_triage.eventstore import EventStore
+from gpu_triage.config.settings import AlertsConfig, SinkConfig
+from gpu_triage.journal.eventstore import EventStore
 from tests.conftest import require_binary
 from tests.watchdog.snapshots import T0
 from tests.watchdog.test_alerts import make_job

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpu_triage.detector import Detector, DetectorConfig, GpuView, JobView, RankView
-from gpu_triage.states import GpuState, Verdict
+from gpu_triage.model.states import GpuState, Verdict
+from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView, RankView
 
 C, SPIN, IDLE, STARVE, UNK = (
     GpuState.COMPUTE,
@@ -286,7 +286,7 @@ def test_daemon_config_mirrors_the_detector_config():
     """[detector] in the TOML config is the detector's own config, key for key, default for default."""
     import dataclasses
 
-    from gpu_triage import config
+    from gpu_triage.config import settings as config
 
     ours = {f.name: f.default for f in dataclasses.fields(DetectorConfig)}
     theirs = {f.name: f.default for f in dataclasses.fields(config.DetectorConfig)}
@@ -428,7 +428,7 @@ def replace_gpu(r: RankView) -> RankView:
 
 
 def test_step_timing_rises_at_once_and_comes_down_slowly():
-    from gpu_triage.step_timing import FirstStep, StepTiming, TimingConfig
+    from gpu_triage.verdicts.step_timing import FirstStep, StepTiming, TimingConfig
 
     t = StepTiming(TimingConfig(default_interval_s=60.0, first_step_default_s=600.0))
     assert t.interval_s() == 60.0 and not t.learned()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.eventstore import DB_NAME, SCHEMA_VERSION, EventStore, StoreError
+from gpu_triage.journal.eventstore import DB_NAME, SCHEMA_VERSION, EventStore, StoreError
 
 T0 = 1_764_681_000.0
 DAY_S = 86400.0

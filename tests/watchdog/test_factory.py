@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from gpu_triage.model.samples import TelemetrySource, TelemetryUnavailable
 from gpu_triage.telemetry import factory
 from gpu_triage.telemetry.factory import make_source
 from gpu_triage.telemetry.none import NoneSource
 from gpu_triage.telemetry.nvml import nvml_available
 from gpu_triage.telemetry.sim import Scenario, SimSource
-from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
 
 # This machine has the nvidia-ml-py binding but no NVIDIA driver; tests that depend on which
 # case holds say so and check the other branch where a driver answers.
@@ -96,7 +96,7 @@ def test_replay_needs_an_existing_file(tmp_path: Path) -> None:
 
 def test_replay_of_a_written_recording(tmp_path: Path) -> None:
     pytest.importorskip("gpu_triage.telemetry.replay")
-    from gpu_triage.recordings.writer import write_nvsmi_csv
+    from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
 
     info = write_nvsmi_csv(tmp_path / "rec.csv", "reference-b300", 2.0, with_index=True)
     source = make_source(f"replay:{info.path}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.flight_recorder import FlightRecorderError, compare, entries, load_dump
+from gpu_triage.signals.flight_recorder import FlightRecorderError, compare, entries, load_dump
 
 
 def _dump(ops: list[tuple[int, str]], pg: str = "0", state: str = "completed") -> bytes:
@@ -89,7 +89,7 @@ def test_bad_dumps_are_refused_with_a_reason(data: bytes, message: str):
 
 
 def test_an_oversized_dump_is_refused(monkeypatch: pytest.MonkeyPatch):
-    import gpu_triage.flight_recorder as fr
+    import gpu_triage.signals.flight_recorder as fr
 
     monkeypatch.setattr(fr, "MAX_DUMP_BYTES", 100)
     with pytest.raises(FlightRecorderError, match="more than"):

@@ -1,8 +1,9 @@
 """Fuzzing the hostile inputs (issue 11): 1,000 seeded mutations per format - nvidia-smi CSV
 recordings (through ``gpu-watchdog triage``), config files (``load_config``), progress files
 (``parse_record`` and the reader) and directory and file names as bytes (issue 18: the reader, the
-log lines, the environment job keys, the event store) - each run in a subprocess under a 1 GiB address-space limit
-(``RLIMIT_AS``), with a per-input alarm (a hang) and a bound on the peak RSS the run measured.
+log lines, the environment job keys, the event store) - each run in a subprocess under a 1 GiB
+address-space limit (``RLIMIT_AS``), with a per-input alarm (a hang) and a bound on the peak RSS the
+run measured.
 
 Every input must end in a clean error naming the file (exit 2 for triage) or a sane result: 0
 tracebacks, 0 hangs. The mutator and its seeds are in ``fuzz_inputs.py``; a failure prints the

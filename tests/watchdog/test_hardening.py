@@ -18,19 +18,20 @@ import httpx
 import pytest
 
 from gpu_triage.actions.delivery import post_json
-from gpu_triage.config import ConfigError, load_config, load_secret, override
-from gpu_triage.daemon import Daemon
-from gpu_triage.detector import Detector
-from gpu_triage.eventstore import EventStore
-from gpu_triage.metrics import make_registry, render
-from gpu_triage.progress import ProgressFormatError, ProgressReader, parse_record
+from gpu_triage.classify.power_table import TableError
+from gpu_triage.classify.table_files import load_table_file
+from gpu_triage.config.settings import ConfigError, load_config, load_secret, override
+from gpu_triage.daemon.loop import Daemon
+from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.samples import TelemetryUnavailable
+from gpu_triage.model.states import Verdict
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
-from gpu_triage.states import Verdict
-from gpu_triage.tables import TableError, load_table_file
+from gpu_triage.serving.metrics import make_registry, render
+from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
 from gpu_triage.telemetry.factory import make_source
 from gpu_triage.telemetry.none import NoneSource
-from gpu_triage.telemetry.types import TelemetryUnavailable
 from gpu_triage.triage.engine import TriageInputError, TriageOptions, triage_file
+from gpu_triage.verdicts.detector import Detector
 from tests.conftest import REPO
 
 HOST = socket.gethostname()
@@ -85,7 +86,7 @@ def test_item1_nested_progress_file_is_a_per_file_error_not_a_blind_node(tmp_pat
     daemon = daemon_for(tmp_path)
     daemon.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="gpu_triage.progress"):
+        with caplog.at_level(logging.WARNING, logger="gpu_triage.signals.progress"):
             snaps = [daemon.cycle(time.time() + i) for i in range(3)]
     finally:
         daemon.close()
@@ -108,7 +109,7 @@ def test_item1_parse_record_raises_only_its_own_error_for_deep_or_constant_input
 
 
 def test_item1_a_job_the_detector_cannot_judge_stays_in_that_job(monkeypatch) -> None:
-    from gpu_triage.detector import JobView, RankView
+    from gpu_triage.verdicts.detector import JobView, RankView
 
     detector = Detector()
     original = detector._job
@@ -162,7 +163,7 @@ def test_item1_daemon_reports_a_job_it_cannot_judge_once_and_keeps_the_others(
 def test_item1_healthz_turns_failing_when_the_cycle_keeps_failing(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from gpu_triage.api import create_app
+    from gpu_triage.serving.api import create_app
 
     daemon = daemon_for(tmp_path)
     daemon.start()
@@ -192,7 +193,7 @@ def test_item1_healthz_turns_failing_when_the_cycle_keeps_failing(tmp_path: Path
 def test_item1_a_daemon_whose_first_cycles_all_fail_is_failing_not_starting(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from gpu_triage.api import create_app
+    from gpu_triage.serving.api import create_app
 
     class Broken(NoneSource):
         def sample(self, now):
@@ -397,7 +398,7 @@ def test_item5_a_written_nan_in_a_recording_is_an_error_a_missing_cell_is_not(tm
 
 
 def test_item5_json_output_is_json_even_with_non_finite_values(tmp_path: Path, monkeypatch, capsys) -> None:
-    from gpu_triage import cli
+    from gpu_triage.cli import main as cli
     from gpu_triage.triage import engine
 
     csv = tmp_path / "ok.csv"

@@ -12,10 +12,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from gpu_triage.api import create_app
-from gpu_triage.control import QueuedControl
-from gpu_triage.httpserver import HttpServer, PortInUseError
-from gpu_triage.publish import SnapshotHolder
+from gpu_triage.serving.api import create_app
+from gpu_triage.serving.control import QueuedControl
+from gpu_triage.serving.http_server import HttpServer, PortInUseError
+from gpu_triage.serving.publish import SnapshotHolder
 from tests.watchdog.snapshots import snapshot
 
 TOKEN = "tok-http-4e1b"

@@ -1,4 +1,4 @@
-"""gpu_triage.logs: one line per event, text or JSON, rate-limited; and `gpu-watchdog run` writes them."""
+"""gpu_triage.journal.logs: one line per event, text or JSON, rate-limited; `gpu-watchdog run` writes them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.logs import (
+from gpu_triage.journal.logs import (
     LOGGER_NAME,
     Event,
     EventKind,

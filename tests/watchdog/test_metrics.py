@@ -11,11 +11,11 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from gpu_triage.metrics import METRIC_NAMES, _check_unit, make_registry, render
-from gpu_triage.pods import PodRef
-from gpu_triage.publish import SnapshotHolder
-from gpu_triage.snapshot import Snapshot
-from gpu_triage.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
+from gpu_triage.model.snapshot import Snapshot
+from gpu_triage.model.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
+from gpu_triage.serving.metrics import METRIC_NAMES, _check_unit, make_registry, render
+from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.pods import PodRef
 from tests.conftest import require_binary
 from tests.watchdog.snapshots import T0, rank_status, snapshot
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpu_triage.model.samples import GpuSample, TelemetrySource, TelemetryUnavailable
 from gpu_triage.telemetry.nvml import NvmlSource, nvml_available
-from gpu_triage.telemetry.types import GpuSample, TelemetrySource, TelemetryUnavailable
 from tests.watchdog import fake_nvml
 
 DEADLINE_S = 0.2

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_triage.cli import main
-from gpu_triage.ops_cmd import check_config
-from gpu_triage.runbook import DEFAULT_RUNBOOK_BASE, BadRunbookBase, check_base, link, rule_links
+from gpu_triage.cli.main import main
+from gpu_triage.cli.ops import check_config
+from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE, BadRunbookBase, check_base, link, rule_links
 from tests.conftest import REPO
 
 RULES = REPO / "deploy" / "prometheus" / "gpu-watchdog.rules.yml"
@@ -95,7 +95,7 @@ def test_every_flag_the_code_tells_a_user_to_pass_exists() -> None:
     """Error messages, help texts and docstrings that say `gpu-watchdog CMD ... --flag` name real flags."""
     import re
 
-    from gpu_triage.cli import build_parser
+    from gpu_triage.cli.main import build_parser
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]

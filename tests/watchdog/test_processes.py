@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpu_triage.processes import (
+from gpu_triage.signals.processes import (
     Candidate,
     ProcessInspector,
     choose_gpu,

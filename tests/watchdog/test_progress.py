@@ -15,7 +15,7 @@ import pytest
 from ft_trainer.progress import FIELDS as WRITER_FIELDS
 from ft_trainer.progress import PHASES as WRITER_PHASES
 from ft_trainer.progress import ProgressWriter, progress_dir
-from gpu_triage.progress import (
+from gpu_triage.signals.progress import (
     FIELDS,
     PHASES,
     LeaseState,

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_triage.metrics import METRIC_NAMES
-from gpu_triage.runbook import DEFAULT_RUNBOOK_BASE, render_rules, rule_links
-from gpu_triage.states import Verdict
+from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE, render_rules, rule_links
+from gpu_triage.model.states import Verdict
+from gpu_triage.serving.metrics import METRIC_NAMES
 from tests.conftest import REPO, require_binary
 
 PROMETHEUS = REPO / "deploy" / "prometheus"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpu_triage.actions.ras import query_status, summarize_json, summarize_text
+from gpu_triage.signals.nccl_ras.client import query_status, summarize_json, summarize_text
 from tests.watchdog.test_delivery import free_port
 
 TEXT_REPORT = """\

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from itertools import count
 
-from gpu_triage.detector import Detector, JobView, RankView
-from gpu_triage.findings import Signal
-from gpu_triage.ras_poller import RasConfig, RasPoller
-from gpu_triage.stacks import StackSummary
-from gpu_triage.states import Verdict
+from gpu_triage.model.findings import Signal
+from gpu_triage.model.states import Verdict
+from gpu_triage.signals.nccl_ras.poller import RasConfig, RasPoller
+from gpu_triage.signals.stacks.dumps import StackSummary
+from gpu_triage.verdicts.detector import Detector, JobView, RankView
 from tests.watchdog.test_delivery import free_port
 from tests.watchdog.test_ras import RasServer
 from tests.watchdog.test_stacks import ALLREDUCE, _rank

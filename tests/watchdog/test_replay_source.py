@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_triage.model.samples import TelemetrySource, TelemetryUnavailable
 from gpu_triage.telemetry.replay import ReplaySource
-from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
 from tests.conftest import require_traces
 
 MIB = float(1 << 20)

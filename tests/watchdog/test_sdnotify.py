@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.sdnotify import SdNotifier
+from gpu_triage.daemon.sdnotify import SdNotifier
 from tests.conftest import REPO, require_binary
 
 UNIT = REPO / "deploy" / "systemd" / "gpu-watchdog.service"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage import progress as progress_mod
+from gpu_triage.signals import progress as progress_mod
 from tests.watchdog.shared_node import (
     Node,
     User,
@@ -117,7 +117,13 @@ def _dirs_sorting_first(node: Node, b: User) -> None:
         _mkdir_as(node.progress / f"{i:04d}", b)
 
 
-ATTACKS = ["squat_job_dir", "rank_file_replaced_by_dir", "dirs_sorting_first", "veto_writer", "stopped_joiner"]
+ATTACKS = [
+    "squat_job_dir",
+    "rank_file_replaced_by_dir",
+    "dirs_sorting_first",
+    "veto_writer",
+    "stopped_joiner",
+]
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
@@ -176,7 +182,9 @@ def test_item1_b_cannot_blind_the_node_with_names(users, tmp_path: Path, caplog)
         with open(bad + b"/rank-0.json", "wb") as f:
             f.write(rec)
         _own(bad + b"/rank-0.json", b)
-        forged = progress + b"/x\n2026-12-03 10:00:00,000 CRITICAL gpu_watchdog.events: kill job=prod sigterm ok"
+        forged = (
+            progress + b"/x\n2026-12-03 10:00:00,000 CRITICAL gpu_watchdog.events: kill job=prod sigterm ok"
+        )
         _mkdir_as(forged, b)
         with open(forged + b"/rank-0.json", "wb") as f:
             f.write(b"{not json")
@@ -242,7 +250,7 @@ def test_item4_b_cannot_slow_the_node_with_files(users, tmp_path: Path) -> None:
 def test_item9_a_token_readable_by_a_training_group_is_refused(users, tmp_path: Path) -> None:
     """0640 is only for a group of operators: a group with training users in it, or the progress
     directory's group, could read the token and arm the daemon."""
-    from gpu_triage.config import ConfigError, load_config, load_secret, load_token, override
+    from gpu_triage.config.settings import ConfigError, load_config, load_secret, load_token, override
 
     a, _ = users
     token = tmp_path / "token"

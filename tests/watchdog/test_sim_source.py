@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_triage.recordings.writer import RecordingInfo, write_nvsmi_csv
-from gpu_triage.scenarios import DEFAULT_SCENARIO, find, names
+from gpu_triage.model.samples import TelemetrySource, TelemetryUnavailable
+from gpu_triage.telemetry.recording_writer import RecordingInfo, write_nvsmi_csv
+from gpu_triage.telemetry.scenarios import DEFAULT_SCENARIO, find, names
 from gpu_triage.telemetry.sim import GpuBehaviour, Phase, Scenario, ScenarioError, SimSource
-from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
 
 LIMIT_W = 1100.0
 
@@ -403,7 +403,7 @@ def test_writer_rejects_other_sources(tmp_path: Path) -> None:
 
 
 def test_writer_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_triage.recordings.writer import main
+    from gpu_triage.telemetry.recording_writer import main
 
     assert main([str(tmp_path / "cli.csv"), "--duration", "2", "--gpus", "2", "--nounits"]) == 0
     assert "wrote 40 rows" in capsys.readouterr().out

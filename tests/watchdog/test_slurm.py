@@ -16,9 +16,10 @@ import pytest
 
 from gpu_triage.actions.kill import SubprocessRunner
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, kill_argv, parse_squeue, term_argv
-from gpu_triage.config import ConfigError, load_config
-from gpu_triage.processes import job_key
-from gpu_triage.slurm import (
+from gpu_triage.cli.slurm_health import drain_reason, health_reasons, node_name
+from gpu_triage.config.settings import ConfigError, load_config
+from gpu_triage.signals.processes import job_key
+from gpu_triage.signals.slurm import (
     SlurmIdentity,
     SlurmRankFacts,
     SlurmRefusal,
@@ -30,7 +31,6 @@ from gpu_triage.slurm import (
     judge_slurm_ranks,
     read_facts,
 )
-from gpu_triage.slurm_health import drain_reason, health_reasons, node_name
 
 JOB = SlurmIdentity("4242", "batch")
 
@@ -253,7 +253,7 @@ class _Status(BaseHTTPRequestHandler):
 
 
 def _check(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "gpu_triage.cli", "slurm-health-check", "--node", "n1", *args]
+    cmd = [sys.executable, "-m", "gpu_triage", "slurm-health-check", "--node", "n1", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.eventstore import EventStore
-from gpu_triage.states import Mode, Verdict
+from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.states import Mode, Verdict
 from tests.watchdog.snapshots import T0
 from tests.watchdog.test_action_engine import Driver, make_engine, two_ranks
 from tests.watchdog.test_alerts import make_job

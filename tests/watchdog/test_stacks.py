@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.detector import Detector, JobView, RankView
-from gpu_triage.findings import Signal
-from gpu_triage.stack_sampler import DumpResult, SamplerConfig, StackSampler, find_py_spy
-from gpu_triage.stacks import (
+from gpu_triage.model.findings import Signal
+from gpu_triage.model.states import Verdict
+from gpu_triage.signals.stacks.dumps import (
     RankStack,
     StackError,
     StackPhase,
@@ -24,7 +23,8 @@ from gpu_triage.stacks import (
     parse_dump,
     stack_pattern,
 )
-from gpu_triage.states import Verdict
+from gpu_triage.signals.stacks.sampler import DumpResult, SamplerConfig, StackSampler, find_py_spy
+from gpu_triage.verdicts.detector import Detector, JobView, RankView
 from tests.conftest import in_ci
 
 DUMPS = Path(__file__).parent / "stack_dumps"
@@ -302,10 +302,10 @@ def test_the_budget_holds_back_dumps_and_counts_them():
 def test_the_daemon_says_in_status_and_metrics_that_py_spy_is_missing_and_carries_on(tmp_path: Path):
     """A real sleeping rank (RANK in its environment) watched by the in-process daemon whose py-spy
     points at a missing path: /status and the metrics say so, the job is still seen and judged."""
-    from gpu_triage.api import status_document
-    from gpu_triage.config import load_config, override
-    from gpu_triage.daemon import Daemon
-    from gpu_triage.metrics import snapshot_metrics
+    from gpu_triage.config.settings import load_config, override
+    from gpu_triage.daemon.loop import Daemon
+    from gpu_triage.serving.api import status_document
+    from gpu_triage.serving.metrics import snapshot_metrics
     from gpu_triage.telemetry.none import NoneSource
 
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "GPU_WATCHDOG_JOB": f"spyless-{time.time_ns()}"}

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_triage.cli import main
+from gpu_triage.cli.main import main
 from gpu_triage.recordings.nvsmi_csv import read_recording
-from gpu_triage.recordings.writer import write_nvsmi_csv
+from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
 from gpu_triage.telemetry.sim import GpuBehaviour, Phase, Scenario
 from gpu_triage.triage.engine import TriageOptions, triage_file
 from tests.conftest import require_traces

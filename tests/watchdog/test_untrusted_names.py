@@ -12,17 +12,16 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpu_triage import logs
 from gpu_triage.actions.kill import Identity, ProcEntry, plan_kill
-from gpu_triage.api import create_app
-from gpu_triage.eventstore import EventStore
-from gpu_triage.fusion import job_views
-from gpu_triage.names import job_name_problem, printable, safe_job_key
-from gpu_triage.processes import Candidate, job_key, kernel_scope, name_groups
-from gpu_triage.progress import ProgressFormatError, ProgressReader, parse_record
-from gpu_triage.publish import SnapshotHolder
-from gpu_triage.snapshot import Snapshot
-from gpu_triage.states import Mode
+from gpu_triage.journal import logs
+from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.names import job_name_problem, printable, safe_job_key
+from gpu_triage.model.snapshot import Snapshot
+from gpu_triage.model.states import Mode
+from gpu_triage.serving.api import create_app
+from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.processes import Candidate, job_key, kernel_scope, name_groups
+from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
 
 FORGED = "x\n2026-12-03 10:00:00,000 CRITICAL gpu_watchdog.events: kill job=prod sigterm ok"
 
@@ -35,6 +34,20 @@ def test_a_hostile_name_is_no_job_name(name: str) -> None:
     assert job_name_problem(name) is not None
     out = printable(name, 80)
     assert out.isprintable() and len(out) <= 100 and "\n" not in out and "\x1b" not in out
+
+
+def test_the_name_rule_is_the_contracts() -> None:
+    from gpu_triage import contract
+    from gpu_triage.model import names
+
+    assert names.MAX_JOB_NAME == contract.MAX_JOB_NAME
+    for name in ("ok-1.x", "\udcff", "a\nb", ".x", "x" * 201, "ünï"):
+        try:
+            contract.check_job_name(name)
+            ok = True
+        except ValueError:
+            ok = False
+        assert ok == (job_name_problem(name) is None), name
 
 
 def test_good_names_pass_unchanged() -> None:
@@ -176,7 +189,6 @@ def test_the_plan_skips_a_reused_pid_another_owner_and_foreign_descendants() -> 
     assert "reused" in reasons[200] and "uid 1001" in reasons[300] and "another owner" in reasons[102]
 
 
-
 # ---------------------------------------------------------------------------------------- item 9
 
 
@@ -189,7 +201,7 @@ def test_the_plan_skips_a_reused_pid_another_owner_and_foreign_descendants() -> 
     ],
 )
 def test_check_config_refuses_what_run_refuses(tmp_path: Path, key: str, value: str, message: str) -> None:
-    from gpu_triage.ops_cmd import check_config
+    from gpu_triage.cli.ops import check_config
 
     path = tmp_path / "config.toml"
     path.write_text(f"[classifier]\n{key} = {value}\n")
@@ -201,7 +213,8 @@ def test_check_config_refuses_what_run_refuses(tmp_path: Path, key: str, value: 
 def _h100_csv(path: Path, limit: str) -> Path:
     rows = ["timestamp, index, name, power.draw [W], power.limit [W], utilization.gpu [%], memory.used [MiB]"]
     rows += [
-        f"2026/12/03 10:{i // 60:02d}:{i % 60:02d}.000, 0, NVIDIA H100 80GB HBM3, 130.00 W, {limit} W, 100 %, 70000 MiB"
+        f"2026/12/03 10:{i // 60:02d}:{i % 60:02d}.000, 0, NVIDIA H100 80GB HBM3, 130.00 W, {limit} W, "
+        "100 %, 70000 MiB"
         for i in range(700)
     ]
     path.write_text("\n".join(rows) + "\n")
@@ -209,8 +222,10 @@ def _h100_csv(path: Path, limit: str) -> Path:
 
 
 @pytest.mark.parametrize("where", ["csv", "flag"])
-def test_a_power_limit_no_gpu_has_is_refused_not_a_hidden_deadlock(tmp_path: Path, where: str, capsys) -> None:
-    from gpu_triage import cli
+def test_a_power_limit_no_gpu_has_is_refused_not_a_hidden_deadlock(
+    tmp_path: Path, where: str, capsys
+) -> None:
+    from gpu_triage.cli import main as cli
 
     csv = _h100_csv(tmp_path / "rec.csv", "1e308" if where == "csv" else "700.00")
     argv = ["triage", "--no-progress", str(csv)] + (["--power-limit", "1e308"] if where == "flag" else [])

@@ -39,7 +39,7 @@ def test_the_corpus_covers_the_families_it_claims() -> None:
 def test_a_detector_that_kills_on_frozen_steps_alone_fails_the_corpus() -> None:
     """The corpus can fail: a detector that calls frozen steps a hang puts healthy jobs in a SIGTERM
     plan (an unannounced eval, a save on another node, a slow model's 75 s steps)."""
-    from gpu_triage import detector as det
+    from gpu_triage.verdicts import detector as det
 
     original = det.Detector._hung
 

@@ -7,7 +7,7 @@ Modules, each small and named for what it holds:
   exponential backoff with jitter, surviving restarts through the event store's ``outbox`` table;
 - :mod:`gpu_triage.actions.evidence` - the evidence bundle (py-spy, nvidia-smi, NCCL RAS, flight
   recorder, process tree, progress files, ``index.json``);
-- :mod:`gpu_triage.actions.ras` - a client of NCCL's RAS socket (text and JSON forms);
+- :mod:`gpu_triage.signals.nccl_ras.client` - a client of NCCL's RAS socket (text and JSON forms);
 - :mod:`gpu_triage.actions.kill` - which processes a kill may touch (pure) and the executor that signals
   them or runs the kill hook;
 - :mod:`gpu_triage.actions.engine` - the ladder: what to do this cycle (:class:`ActionEngine`).

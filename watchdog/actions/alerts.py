@@ -39,9 +39,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from gpu_triage import runbook
-from gpu_triage.snapshot import GpuStatus, JobStatus
-from gpu_triage.states import Verdict
+from gpu_triage.model import runbook
+from gpu_triage.model.snapshot import GpuStatus, JobStatus
+from gpu_triage.model.states import Verdict
 
 SOURCE = "gpu-watchdog"
 PAGERDUTY_SUMMARY_MAX = 1024
@@ -130,7 +130,8 @@ def dedup_key(node: str, job: str, condition: Condition | str) -> str:
 
 def runbook_url(base: str | None, anchor: str) -> str:
     """``base#anchor``, always absolute: ``alerts.runbook_url`` (config.py checks that it is an absolute
-    http(s) URL), else the placeholder :data:`~gpu_triage.runbook.DEFAULT_RUNBOOK_BASE` - the same base
+    http(s) URL), else the placeholder
+    :data:`~gpu_triage.model.runbook.DEFAULT_RUNBOOK_BASE` - the same base
     ``gpu-watchdog render-rules`` writes into the Prometheus rules."""
     try:
         return runbook.link(base.split("#", 1)[0] if base else None, anchor)

@@ -49,8 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_triage import logs
-from gpu_triage.actions import ras
 from gpu_triage.actions.alerts import (
     Alert,
     Condition,
@@ -87,14 +85,16 @@ from gpu_triage.actions.kill import (
     render_hook,
     slurm_job_id,
 )
+from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, cancel_id
-from gpu_triage.config import ActionsConfig, AlertsConfig
-from gpu_triage.control import SilenceBook
-from gpu_triage.eventstore import EventStore, StoreError
-from gpu_triage.processes import RankProcess
-from gpu_triage.slurm import SlurmRefusal, SlurmTarget
-from gpu_triage.snapshot import GpuStatus, JobStatus
-from gpu_triage.states import Mode, Verdict
+from gpu_triage.config.settings import ActionsConfig, AlertsConfig
+from gpu_triage.journal import logs
+from gpu_triage.journal.eventstore import EventStore, StoreError
+from gpu_triage.model.snapshot import GpuStatus, JobStatus
+from gpu_triage.model.states import Mode, Verdict
+from gpu_triage.signals.nccl_ras import client as ras
+from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.slurm import SlurmRefusal, SlurmTarget
 
 log = logging.getLogger(__name__)
 
@@ -1153,7 +1153,7 @@ class ActionEngine:
             for r in records:
                 self._counters[(r["action"], r["result"])] += 1
         for r in records:
-            logs.EVENTS.action(r)  # evidence, kill and refusal lines (gpu_triage.logs)
+            logs.EVENTS.action(r)  # evidence, kill and refusal lines (gpu_triage.journal.logs)
             try:
                 self.store.append("action", jsonable(r), time_s=r["time"], job=r.get("job"))
             except StoreError as e:

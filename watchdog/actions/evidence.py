@@ -49,9 +49,9 @@ from typing import Any
 
 import psutil
 
-from gpu_triage import flight_recorder
-from gpu_triage.actions import ras
 from gpu_triage.actions.kill import CommandRunner, SubprocessRunner
+from gpu_triage.signals import flight_recorder
+from gpu_triage.signals.nccl_ras import client as ras
 
 EVIDENCE_DIR = "evidence"
 MAX_COPY_BYTES = 64 * 1024 * 1024

@@ -12,7 +12,7 @@ ladder's rungs become:
   ``scancel --signal=KILL --full <job>`` (``--full``: the batch shell too; a step gets
   ``scancel --signal=KILL <job>.<step>``).
 
-**Which job** (:func:`gpu_triage.slurm.judge_slurm_ranks`, then :meth:`SlurmCanceller.resolve`): the
+**Which job** (:func:`gpu_triage.signals.slurm.judge_slurm_ranks`, then :meth:`SlurmCanceller.resolve`): the
 ranks must be proven ranks of the job (the inspector's proof), name one Slurm job in their own
 environment, be confirmed by a root-owned ``slurmstepd`` parent or a Slurm cgroup, belong to one user,
 and Slurm itself (``squeue``) must report that job running under that same user. Otherwise nothing is
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_triage.actions.kill import CommandResult, CommandRunner
-from gpu_triage.slurm import (
+from gpu_triage.signals.slurm import (
     SlurmRankFacts,
     SlurmRefusal,
     SlurmTarget,

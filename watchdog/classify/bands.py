@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from gpu_triage.states import GPU_STATES, GpuState
-from gpu_triage.tables import BAND_ORDER, PowerTable
+from gpu_triage.classify.power_table import BAND_ORDER, PowerTable
+from gpu_triage.model.states import GPU_STATES, GpuState
 
 #: Integer codes of states in arrays: index into GPU_STATES.
 CODE: dict[GpuState, int] = {s: i for i, s in enumerate(GPU_STATES)}

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpu_triage.classify.bands import CODE, UNKNOWN_CODE, raw_state, raw_states, stays_in, stays_mask
-from gpu_triage.states import GPU_STATES, GpuState
-from gpu_triage.tables import PowerTable
+from gpu_triage.classify.power_table import PowerTable
+from gpu_triage.model.states import GPU_STATES, GpuState
 
 _EMPTY_F = np.empty(0, dtype=np.float64)
 _EMPTY_I = np.empty(0, dtype=np.int8)

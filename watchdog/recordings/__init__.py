@@ -1,7 +1,7 @@
 """Recorded GPU telemetry: reading nvidia-smi CSV logs (``nvsmi_csv``), vectorised and chunked.
 
 pyarrow is imported only where recordings are read, never by the daemon's cycle, so this package
-exports the reader lazily: ``import gpu_triage.recordings.writer`` (which needs no pyarrow) does not
+exports the reader lazily: ``import gpu_triage.recordings`` alone does not
 pull pyarrow in, while ``from gpu_triage.recordings import NvsmiCsvReader`` works as usual.
 """
 

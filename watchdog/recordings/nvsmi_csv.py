@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from gpu_triage.limits import MAX_GPUS, MAX_LINE_BYTES
+from gpu_triage.model.limits import MAX_GPUS, MAX_LINE_BYTES
 from gpu_triage.recordings import gpu_count
 from gpu_triage.recordings.timestamps import parse_timestamps
 

@@ -22,8 +22,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpu_triage.model.samples import TelemetrySource, TelemetryUnavailable
 from gpu_triage.telemetry.none import NoneSource
-from gpu_triage.telemetry.types import TelemetrySource, TelemetryUnavailable
 
 if TYPE_CHECKING:
     from gpu_triage.telemetry.sim import Scenario
@@ -82,7 +82,7 @@ def make_source(
             )
             return NoneSource(reason=str(exc))
     if kind == "sim":
-        from gpu_triage.scenarios import DEFAULT_SCENARIO
+        from gpu_triage.telemetry.scenarios import DEFAULT_SCENARIO
         from gpu_triage.telemetry.sim import SimSource
 
         if sep and not arg:

@@ -7,13 +7,13 @@ progress files and process signals alone. It lists no GPUs and every sample is e
 
 from __future__ import annotations
 
-from gpu_triage.telemetry.types import GpuInfo, GpuSample
+from gpu_triage.model.samples import GpuInfo, GpuSample
 
 __all__ = ["NoneSource"]
 
 
 class NoneSource:
-    """A :class:`~gpu_triage.telemetry.types.TelemetrySource` with no GPUs."""
+    """A :class:`~gpu_triage.model.samples.TelemetrySource` with no GPUs."""
 
     name = "none"
 

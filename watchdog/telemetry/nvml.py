@@ -5,7 +5,7 @@ works here as long as it exposes the functions below). Every call runs on a per-
 under a hard deadline (:mod:`gpu_triage.telemetry.deadline`): a wedged GPU costs one deadline, then
 fails fast while it backs off, and never stops the other GPUs being read.
 
-Units, as NVML gives them and as :class:`~gpu_triage.telemetry.types.GpuSample` wants them:
+Units, as NVML gives them and as :class:`~gpu_triage.model.samples.GpuSample` wants them:
 
 ===================================  ==========================  =====================================
 GpuSample field                      NVML call                   conversion
@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
 from gpu_triage.telemetry.deadline import DeadlineExceeded, DeadlineExecutor, KeyHealth, Wedged
-from gpu_triage.telemetry.types import GpuInfo, GpuSample, TelemetryUnavailable
 
 __all__ = ["NvmlSource", "nvml_available"]
 

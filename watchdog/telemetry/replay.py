@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
-from gpu_triage.telemetry.types import GpuInfo, GpuSample, TelemetryUnavailable
 
 
 def _value(array: np.ndarray, row: int) -> float | None:
@@ -30,7 +30,7 @@ def _value(array: np.ndarray, row: int) -> float | None:
 
 
 class ReplaySource:
-    """A :class:`~gpu_triage.telemetry.types.TelemetrySource` reading a recorded nvidia-smi CSV."""
+    """A :class:`~gpu_triage.model.samples.TelemetrySource` reading a recorded nvidia-smi CSV."""
 
     name = "replay"
 

@@ -1,6 +1,6 @@
 """A scripted simulation of N GPUs: the telemetry source for machines without GPUs, demos and tests.
 
-A :class:`Scenario` is data (TOML under ``watchdog/scenarios/``, or built in code with
+A :class:`Scenario` is data (TOML under ``watchdog/telemetry/scenarios/``, or built in code with
 :meth:`Scenario.from_phases`): a GPU model, a GPU count, the enforced power limit, and a list of
 :class:`Phase` s - each with a duration, the trainer phase the job would report, the optimizer step
 rate, and a per-GPU :class:`GpuBehaviour` (power as a fraction of the limit, utilisation, memory,
@@ -11,13 +11,13 @@ smooth either - both are what the classifier's hysteresis has to cope with anywa
 Determinism: every value is a pure function of (scenario, seed, GPU, time). The noise comes from a
 counter-based hash of (seed, GPU, sample tick, channel), not from a stateful generator, so the same
 time always reads the same, whatever was sampled before, and a 15-minute recording can be rendered
-in one vectorised call (:meth:`Scenario.render`, used by :mod:`gpu_triage.recordings.writer`).
+in one vectorised call (:meth:`Scenario.render`, used by :mod:`gpu_triage.telemetry.recording_writer`).
 
 Ground truth: :meth:`SimSource.truth` says, for a time, which phase the script is in, what each rank
 would report as its trainer phase, and the simulated optimizer step - what a simulated job needs to
 write real progress files, and what a test needs to score a verdict.
 
-Units follow :class:`~gpu_triage.telemetry.types.GpuSample`. Counters (``energy_j``, ``nvlink_*_bytes``)
+Units follow :class:`~gpu_triage.model.samples.GpuSample`. Counters (``energy_j``, ``nvlink_*_bytes``)
 integrate each phase's *mean* rate, so they are smooth and monotonic; instantaneous power carries
 the jitter. ``temperature_c`` is a crude estimate (30 C + 40 C x mean power fraction), not a model.
 """
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from gpu_triage.scenarios import DEFAULT_SCENARIO, find
-from gpu_triage.telemetry.types import GpuInfo, GpuSample, TelemetryUnavailable
+from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
+from gpu_triage.telemetry.scenarios import DEFAULT_SCENARIO, find
 
 __all__ = [
     "GpuBehaviour",
@@ -389,7 +389,7 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, origin: str = "<dict>") -> Scenario:
-        """Parse the TOML form (see ``watchdog/scenarios/reference-b300.toml``)."""
+        """Parse the TOML form (see ``watchdog/telemetry/scenarios/reference-b300.toml``)."""
         _unknown(origin, "", data, _TOP_KEYS)
         raw_behaviours = data.get("behaviours", {})
         if not isinstance(raw_behaviours, Mapping):
@@ -699,7 +699,7 @@ def _as_scenario(scenario: Scenario | str | Path) -> Scenario:
 
 
 class SimSource:
-    """The :class:`~gpu_triage.telemetry.types.TelemetrySource` over a :class:`Scenario`.
+    """The :class:`~gpu_triage.model.samples.TelemetrySource` over a :class:`Scenario`.
 
     ``gpus`` overrides the scenario's GPU count (16 = two nodes' worth); ``seed`` picks the noise;
     ``start_s`` is the loop-clock time at which the scenario begins (None: the first call to

@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from gpu_triage.limits import MAX_POWER_LIMIT_W, MIN_POWER_LIMIT_W, power_limit_problem
 from gpu_triage.classify.bands import CODE
 from gpu_triage.classify.hysteresis import Carry, classify_series
+from gpu_triage.classify.power_table import PowerTable, TableError
+from gpu_triage.classify.table_files import match_model, resolve_table
+from gpu_triage.model.limits import MAX_POWER_LIMIT_W, MIN_POWER_LIMIT_W, power_limit_problem
+from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
-from gpu_triage.states import GPU_STATES, GpuState
-from gpu_triage.tables import PowerTable, TableError, match_model, resolve_table
 from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, find_deadlocks
 
 #: Points kept per GPU for the plot (evenly thinned).

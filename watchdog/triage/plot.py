@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu_triage.states import GPU_STATES, GpuState
+from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.triage.engine import TriageResult
 
 COLOURS = {

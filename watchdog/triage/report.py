@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpu_triage.states import GPU_STATES, GpuState
+from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.triage.engine import TriageResult
 
 #: How many of the longest checkpoint_or_deadlock (spin) episodes the report lists.

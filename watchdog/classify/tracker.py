@@ -1,0 +1,149 @@
+"""Per-GPU classification in the daemon: the right table for each GPU, its classifier, its counters.
+
+Pure apart from the samples handed in: a :class:`GpuTracker` turns one cycle's
+:class:`~gpu_triage.model.samples.GpuSample` list into state changes and the
+:class:`~gpu_triage.model.snapshot.GpuStatus` rows of the snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from gpu_triage.classify.hysteresis import GpuClassifier
+from gpu_triage.classify.power_table import PowerTable
+from gpu_triage.classify.table_files import resolve_table
+from gpu_triage.model.samples import GpuSample
+from gpu_triage.model.snapshot import GpuStatus
+from gpu_triage.model.states import GpuState
+
+
+def _edge(table: PowerTable, state: GpuState, key: str, limit_w: float | None) -> float | None:
+    """A band edge in watts (None without a limit or for an open edge)."""
+    fraction = getattr(table.bands[state], key)
+    if not limit_w or not math.isfinite(fraction):
+        return None
+    return fraction * limit_w
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    gpu: int
+    uuid: str | None
+    old: GpuState
+    new: GpuState
+    since: float
+    power_w: float | None
+    utilization_ratio: float | None
+
+
+@dataclass(slots=True)
+class _Gpu:
+    table: PowerTable
+    classifier: GpuClassifier
+    last: GpuSample | None = None
+    read_errors_total: int = 0
+    last_good_s: float | None = None
+
+
+@dataclass
+class GpuTracker:
+    model: str | None = None
+    """Force this table model for every GPU (config classifier.model)."""
+    table_path: Path | None = None
+    dwell_s: Mapping[str, float] = field(default_factory=dict)
+    _gpus: dict[int, _Gpu] = field(default_factory=dict)
+
+    def _table_for(self, sample: GpuSample) -> PowerTable:
+        table = resolve_table(
+            model=self.model,
+            device_name=sample.name,
+            path=self.table_path,
+            power_limit_w=sample.power_limit_w,
+        )
+        if self.dwell_s:
+            bands = {
+                s: replace(b, dwell_s=float(self.dwell_s.get(str(s), b.dwell_s)))
+                for s, b in table.bands.items()
+            }
+            table = replace(table, bands=bands)
+        return table
+
+    def tables(self) -> dict[int, PowerTable]:
+        return {g: t.table for g, t in self._gpus.items()}
+
+    def update(self, now: float, samples: Sequence[GpuSample]) -> list[StateChange]:
+        changes: list[StateChange] = []
+        for s in samples:
+            gpu = self._gpus.get(s.gpu)
+            if gpu is None or (
+                s.name and gpu.last is not None and gpu.last.name != s.name and s.error is None
+            ):
+                table = self._table_for(s)
+                gpu = _Gpu(table, GpuClassifier(table))
+                self._gpus[s.gpu] = gpu
+            limit = s.power_limit_w or gpu.table.power_limit_w
+            if s.error is not None or s.power_w is None or not limit:
+                frac = math.nan
+                if s.error is not None:
+                    gpu.read_errors_total += 1
+            else:
+                frac = s.power_w / limit
+                gpu.last_good_s = now
+            util = math.nan if s.utilization_ratio is None or s.error is not None else s.utilization_ratio
+            old = gpu.classifier.state
+            if gpu.classifier.update(now, frac, util):
+                new = gpu.classifier.state
+                changes.append(
+                    StateChange(
+                        s.gpu, s.uuid, old, new, gpu.classifier.since_s or now, s.power_w, s.utilization_ratio
+                    )
+                )
+            if s.error is None or gpu.last is None:
+                gpu.last = s
+            else:  # keep the last good static facts (name, uuid, limit) but report the failure
+                gpu.last = replace(
+                    s, name=gpu.last.name, uuid=gpu.last.uuid, power_limit_w=gpu.last.power_limit_w
+                )
+        return changes
+
+    def statuses(self) -> tuple[GpuStatus, ...]:
+        out = []
+        for g in sorted(self._gpus):
+            t = self._gpus[g]
+            s = t.last
+            assert s is not None
+            ok = s.error is None
+            limit = s.power_limit_w or t.table.power_limit_w
+            out.append(
+                GpuStatus(
+                    gpu=g,
+                    uuid=s.uuid,
+                    name=s.name,
+                    model=t.table.model,
+                    power_w=s.power_w if ok else None,
+                    power_limit_w=limit,
+                    utilization_ratio=s.utilization_ratio if ok else None,
+                    memory_used_bytes=s.memory_used_bytes if ok else None,
+                    state=t.classifier.state,
+                    state_since=t.classifier.since_s,
+                    energy_j=s.energy_j if ok else None,
+                    temperature_c=s.temperature_c if ok else None,
+                    sm_clock_mhz=s.sm_clock_mhz if ok else None,
+                    read_errors_total=t.read_errors_total,
+                    compute_floor_w=_edge(t.table, GpuState.COMPUTE, "power_min", limit),
+                    spin_ceiling_w=_edge(t.table, GpuState.CHECKPOINT_OR_DEADLOCK, "power_max", limit),
+                )
+            )
+        return tuple(out)
+
+    def nvlink_bytes(self, gpu: int) -> float | None:
+        t = self._gpus.get(gpu)
+        if t is None or t.last is None or t.last.error is not None:
+            return None
+        tx, rx = t.last.nvlink_tx_bytes, t.last.nvlink_rx_bytes
+        if tx is None and rx is None:
+            return None
+        return (tx or 0.0) + (rx or 0.0)

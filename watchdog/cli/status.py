@@ -1,0 +1,218 @@
+"""``gpu-watchdog status [--url URL] [--json] [--watch [S]]``: one daemon's ``/status`` as tables.
+
+GPUs (state, power against the limit, utilisation, since when) and jobs (verdict, onset, raised,
+steps, the ranks that lag, the evidence signals behind the verdict). Times are shown in this
+machine's local time with their age (``2026-12-03 07:12:01 CET (1m10s ago)``). ``--watch`` redraws
+the view in place every few seconds until Ctrl-C. ``--json`` prints the daemon's ``/status``
+document as it came (the REST contract), or ``{"url", "error"}`` when there is none.
+
+Exit codes (contract, as for ``cluster``): 0 ok; 1 a deadlock verdict on some job; 2 the daemon is
+unreachable or answers something that is not a ``/status`` document (the URL is named).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, tzinfo
+from typing import Any, TextIO
+
+import httpx
+
+from gpu_triage.cli.cluster import (
+    DEADLOCK_VERDICTS,
+    DEFAULT_TIMEOUT_S,
+    EXIT_DEADLOCK,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    duration,
+    fetch_status,
+    table,
+)
+
+DEFAULT_URL = "http://127.0.0.1:9410"
+MAX_EVIDENCE_CHARS = 100
+LAG_STEPS = 1
+"""A rank more than this many steps behind the job's furthest rank here is named as lagging."""
+MAX_LAGGING_SHOWN = 8
+CLEAR = "\x1b[H\x1b[2J"
+"""Cursor home and clear screen: ``--watch`` redraws in place on a terminal."""
+
+
+def local(epoch: Any, tz: tzinfo | None = None) -> str:
+    """Epoch seconds as local time with its zone (``tz``: another zone, for tests), ``-`` for none."""
+    if epoch is None:
+        return "-"
+    moment = (
+        datetime.fromtimestamp(epoch, tz) if tz is not None else datetime.fromtimestamp(epoch).astimezone()
+    )
+    return moment.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+
+
+def _watts(value: Any) -> str:
+    return "-" if value is None else f"{value:.0f} W"
+
+
+def _power(gpu: dict[str, Any]) -> str:
+    power, limit = gpu.get("power_w"), gpu.get("power_limit_w")
+    if power is None:
+        return "-"
+    if limit:
+        return f"{_watts(power)} / {_watts(limit)} ({power / limit:.0%})"
+    return _watts(power)
+
+
+def _ratio(value: Any) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _since(epoch: Any, now: Any, tz: tzinfo | None = None) -> str:
+    if epoch is None:
+        return "-"
+    age = f" ({duration(now - epoch)} ago)" if now is not None else ""
+    return f"{local(epoch, tz)}{age}"
+
+
+def lagging_ranks(job: dict[str, Any], lag_steps: int = LAG_STEPS) -> list[tuple[int, int, int]]:
+    """``(rank, step, steps behind)`` of each rank more than ``lag_steps`` behind the job's furthest
+    rank on this node, furthest behind first."""
+    steps = {r["rank"]: r["step"] for r in job.get("ranks", []) if r.get("step") is not None}
+    if not steps:
+        return []
+    top = max(steps.values())
+    behind = [(rank, step, top - step) for rank, step in steps.items() if top - step > lag_steps]
+    return sorted(behind, key=lambda x: (-x[2], x[0]))
+
+
+def _lagging(job: dict[str, Any]) -> str:
+    behind = lagging_ranks(job)
+    if not behind:
+        return "-"
+    text = ", ".join(f"{rank} (-{gap})" for rank, _step, gap in behind[:MAX_LAGGING_SHOWN])
+    return text + (f" +{len(behind) - MAX_LAGGING_SHOWN} more" if len(behind) > MAX_LAGGING_SHOWN else "")
+
+
+def _steps(job: dict[str, Any]) -> str:
+    steps = [r["step"] for r in job.get("ranks", []) if r.get("step") is not None]
+    if not steps:
+        return "-"
+    low, high = min(steps), max(steps)
+    return str(high) if low == high else f"{low}..{high}"
+
+
+def _evidence_value(value: Any) -> str:
+    text = json.dumps(value, separators=(", ", ": "), default=str)
+    return text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 3] + "..."
+
+
+def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str:
+    """The human view of one ``/status`` document (times in local time, or ``tz``)."""
+    now = status.get("time")
+    mode = status.get("mode") or "-"
+    if status.get("armed"):
+        mode += " (armed)"
+    head = [
+        f"{status['node']} ({url}): source {status.get('source', '-')}, mode {mode}, "
+        f"cycle {status.get('cycle', '-')}, version {status.get('version') or '-'}",
+        f"cycle at {local(now, tz)}; last telemetry sample {_since(status.get('last_sample_time'), now, tz)}",
+        "",
+    ]
+    gpu_rows = [
+        [
+            str(gpu["gpu"]),
+            str(gpu.get("model") or "-"),
+            gpu["state"],
+            _power(gpu),
+            _ratio(gpu.get("utilization_ratio")),
+            _since(gpu.get("state_since"), now, tz),
+        ]
+        for gpu in status["gpus"]
+    ]
+    lines = head
+    if gpu_rows:
+        lines.append(table(["GPU", "MODEL", "STATE", "POWER", "UTIL", "SINCE"], gpu_rows))
+    else:
+        lines.append("No GPU telemetry (source none, or no GPU found).")
+    lines.append("")
+    if not status["jobs"]:
+        lines.append("No training job found (no progress files and no GPU processes).")
+        return "\n".join(lines)
+    job_rows = [
+        [
+            job["job"],
+            job["verdict"] + (f" ({job['cause']})" if job.get("cause") else ""),
+            _since(job.get("onset"), now, tz),
+            _since(job.get("raised"), now, tz),
+            str(len(job.get("ranks", []))),
+            _steps(job),
+            _lagging(job),
+        ]
+        for job in status["jobs"]
+    ]
+    lines.append(table(["JOB", "VERDICT", "ONSET", "RAISED", "RANKS", "STEPS", "LAGGING"], job_rows))
+    for job in status["jobs"]:
+        evidence = job.get("evidence") or {}
+        if evidence:
+            lines.append(f"  {job['job']} evidence:")
+            lines.extend(f"    {signal}: {_evidence_value(value)}" for signal, value in evidence.items())
+    return "\n".join(lines)
+
+
+def exit_code(status: dict[str, Any]) -> int:
+    return EXIT_DEADLOCK if any(job["verdict"] in DEADLOCK_VERDICTS for job in status["jobs"]) else EXIT_OK
+
+
+def run(
+    url: str = DEFAULT_URL,
+    *,
+    as_json: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    watch_s: float | None = None,
+    iterations: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Fetch one daemon's ``/status``, print it, return the exit code. With ``watch_s``, redraw every
+    ``watch_s`` seconds (in place on a terminal) until Ctrl-C (or ``iterations`` views, for tests);
+    the exit code is the last view's."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    if watch_s is None:
+        return _once(url, as_json=as_json, timeout_s=timeout_s, out=out, err=err)
+    code = EXIT_OK
+    shown = 0
+    try:
+        while iterations is None or shown < iterations:
+            if out.isatty():
+                out.write(CLEAR)
+            elif shown:
+                out.write("\n")
+            out.write(f"every {watch_s:g} s, Ctrl-C to stop; at {local(time.time())}\n")
+            code = _once(url, as_json=as_json, timeout_s=timeout_s, out=out, err=err)
+            out.flush()
+            shown += 1
+            if iterations is None or shown < iterations:
+                sleep(watch_s)
+    except KeyboardInterrupt:
+        pass
+    return code
+
+
+def _once(url: str, *, as_json: bool, timeout_s: float, out: TextIO, err: TextIO) -> int:
+    with httpx.Client(timeout=httpx.Timeout(timeout_s)) as client:
+        fetched = fetch_status(client, url, timeout_s=timeout_s)
+    if fetched.status is None:
+        err.write(f"gpu-watchdog status: error: {fetched.url}: {fetched.error}\n")
+        if as_json:
+            json.dump({"url": fetched.url, "error": fetched.error}, out)
+            out.write("\n")
+        return EXIT_UNREACHABLE
+    if as_json:
+        json.dump(fetched.status, out, indent=1, allow_nan=False)
+        out.write("\n")
+    else:
+        out.write(render(fetched.status, fetched.url) + "\n")
+    return exit_code(fetched.status)

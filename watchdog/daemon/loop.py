@@ -1,0 +1,763 @@
+"""``gpu-watchdog run``: the per-node loop.
+
+One thread owns all state and runs one cycle per period::
+
+    sample GPUs -> classify (per GPU, hysteresis) -> [every process period] read progress files,
+    inspect rank processes, detect (per job) -> act -> record events -> publish an immutable snapshot
+
+REST and /metrics (uvicorn in a thread) only ever read the latest published snapshot, so an HTTP
+client can never delay a cycle; mutations reach the loop through a queue it drains each cycle. The
+main thread owns the signals: SIGTERM/SIGINT stop cleanly, SIGHUP reloads the configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from gpu_triage import __version__
+from gpu_triage.classify.tracker import GpuTracker
+from gpu_triage.config.settings import Config, load_config, load_token, override
+from gpu_triage.daemon.sdnotify import SdNotifier
+from gpu_triage.journal import logs
+from gpu_triage.journal.eventstore import EventStore, StoreError
+from gpu_triage.model.names import printable
+from gpu_triage.model.samples import TelemetrySource
+from gpu_triage.model.snapshot import JobStatus, Snapshot
+from gpu_triage.model.states import Mode, Verdict
+from gpu_triage.serving.control import QueuedControl
+from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.nccl_ras.poller import RasConfig, RasPoller
+from gpu_triage.signals.pods import PodResolver
+from gpu_triage.signals.processes import ProcessInspector, ProgressClaim
+from gpu_triage.signals.progress import ProgressReader, ProgressView
+from gpu_triage.signals.stacks.dumps import StackPhase
+from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
+from gpu_triage.verdicts.detector import Detector, GpuView, JobView
+from gpu_triage.verdicts.detector import DetectorConfig as DetectorSettings
+from gpu_triage.verdicts.fusion import job_views
+
+log = logging.getLogger("gpu_watchdog")
+
+
+@dataclass
+class CycleStats:
+    cycles: int = 0
+    missed: int = 0
+    """Ticks skipped because a cycle overran its period."""
+    worst_lateness_s: float = 0.0
+    last_duration_s: float = 0.0
+    failed: int = 0
+    """Cycles that raised (nothing published)."""
+
+
+class Daemon:
+    """The loop. Construct, :meth:`start` (opens the store and the HTTP server), then
+    :meth:`run_forever` on the main thread; or drive :meth:`cycle` directly in tests."""
+
+    def __init__(
+        self,
+        config: Config,
+        source: TelemetrySource,
+        *,
+        config_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        serve_http: bool = True,
+        on_cycle: Callable[[Snapshot], None] | None = None,
+        actions: Any | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
+        """``overrides``: the command-line values applied over the file (re-applied on reload)."""
+        self.config = config
+        self.config_path = config_path
+        self.overrides = dict(overrides or {})
+        self._app: Any = None
+        self.source = source
+        self.clock = clock
+        self.monotonic = monotonic
+        self.serve_http = serve_http
+        self.on_cycle = on_cycle
+        self.node = config.daemon.node
+        self.snapshots = SnapshotHolder()
+        self.control = QueuedControl()
+        self.mode: Mode = config.actions.mode
+        self.stats = CycleStats()
+        self.started_at = clock()
+        self.gpus = GpuTracker(
+            model=config.classifier.model,
+            table_path=config.classifier.table,
+            dwell_s=dict(config.classifier.dwell_s),
+        )
+        self.detector = Detector(detector_settings(config))
+        self.stacks = make_sampler(config)
+        self.ras = make_ras(config)
+        self.progress = ProgressReader(
+            config.progress.dir, stale_after_s=config.progress.stale_after_s, host=socket.gethostname()
+        )
+        self.inspector = ProcessInspector()
+        self.pods = PodResolver()  # Kubernetes pod of each rank (gpu_triage.signals.pods); none outside one
+        self.store: EventStore | None = None
+        self.http = None
+        self.notifier = SdNotifier()
+        self.actions = actions
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._last_process_s: float | None = None
+        self._jobs: tuple[JobStatus, ...] = ()
+        self._verdicts: dict[str, Verdict] = {}
+        self._last_sample_time: float | None = None
+        self._sample_duration_s = 0.0
+        self._process_view = None
+        self._untrusted: tuple[dict[str, Any], ...] = ()
+        self._silences_saved = 0
+        self.cycle_no = 0
+        self.failed_cycles = 0
+        self._last_cycle_error: str | None = None
+        self._progress_errors: tuple[dict[str, Any], ...] = ()
+        self._actions_error: str | None = None
+        self._logged_job_errors: dict[str, str] = {}
+        self._persist_errors: dict[str, str] = {}
+        self.degraded_cycles = 0
+        """Cycles that failed, or in which a job could not be judged or recorded (never only 3 in a row)."""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Raises ConfigError (exit 2) for what the config names but cannot be used - checked here
+        once, not found failing in every cycle."""
+        for check in start_checks():
+            if check is not check_token or self.serve_http:  # the token serves the HTTP API only
+                check(self.config)
+        state_dir = Path(self.config.daemon.state_dir)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a full disk: the store runs on memory and reattaches later
+            log.error("cannot create the state directory %s: %s", state_dir, e)
+        ev = self.config.events
+        try:
+            self.store = EventStore(
+                state_dir,
+                self.clock(),
+                retention_s=ev.retention_days * 86400,
+                max_bytes=ev.max_bytes,
+                prune_interval_s=ev.prune_interval_s,
+                memory_fallback=True,  # a full disk must not disable alerting and killing
+            )
+        except (StoreError, OSError) as e:
+            log.error("event store unavailable, running without it: %s", e)
+            self.store = None
+        self._event(
+            "daemon",
+            {
+                "event": "started",
+                "version": __version__,
+                "source": self.source.name,
+                "mode": str(self.mode),
+                "config": self.config.origin,
+            },
+        )
+        self._restore_silences()
+        if self.actions is None:
+            self.actions = self._make_actions(state_dir)
+        if self.serve_http:
+            self._start_http()
+
+    SILENCES_KEY = "control.silences"
+
+    def _restore_silences(self) -> None:
+        """Silences survive a restart (an operator who silenced a known issue must not be paged again)."""
+        book = self.control.silences
+        if self.store is not None:
+            restored = book.restore(self.store.kv_get(self.SILENCES_KEY, []) or [], self.clock())
+            if restored:
+                self._event("daemon", {"event": "silences_restored", "count": restored})
+        self._silences_saved = book.version
+
+    def _persist_silences(self, now: float) -> None:
+        book = self.control.silences
+        if self.store is None or book.version == self._silences_saved:
+            return
+        try:
+            self.store.kv_set(self.SILENCES_KEY, book.export(), now)
+            self._silences_saved = book.version
+        except StoreError as e:  # a full disk: keep them in memory and try again next cycle
+            log.warning("could not persist silences: %s", e)
+
+    def _make_actions(self, state_dir: Path):
+        from gpu_triage.actions.engine import ActionEngine
+
+        if self.store is None:  # the outbox and the kill budget live in the store
+            return None
+        return ActionEngine(
+            actions=self.config.actions,
+            alerts=self.config.alerts,
+            store=self.store,
+            state_dir=state_dir,
+            node=self.node,
+            generator_url=f"http://{self.config.daemon.listen}/status",
+            max_bundles=self.config.evidence.max_bundles,
+            evidence_retention_s=self.config.evidence.retention_days * 86400.0,
+        )
+
+    def _start_http(self) -> None:
+        from gpu_triage.serving.api import create_app
+        from gpu_triage.serving.http_server import HttpServer
+
+        host, _, port = self.config.daemon.listen.rpartition(":")
+        token = load_token(self.config)
+        app = create_app(
+            snapshots=self.snapshots,
+            events=self.store,
+            table=self._table_doc,
+            control=self.control,
+            token=token,
+            period_s=self.config.daemon.period_s,
+            allowed_hosts=[
+                *self.config.daemon.allowed_hosts,
+                self.node,
+                socket.gethostname(),
+                socket.getfqdn(),  # once, at start (/etc/hosts or DNS)
+                host.strip("[]"),
+            ],
+        )
+        self._app = app
+        self.http = HttpServer(app, host.strip("[]") or "127.0.0.1", int(port))
+        self.http.start()
+
+    def _table_doc(self) -> dict[str, Any]:
+        tables = self.gpus.tables()
+        if not tables:
+            return {"tables": []}
+        distinct = {t.model: t for t in tables.values()}
+        first = next(iter(distinct.values()))
+        doc = first.to_dict()
+        doc["gpus"] = {str(g): t.model for g, t in tables.items()}
+        if len(distinct) > 1:
+            doc["others"] = [t.to_dict() for t in list(distinct.values())[1:]]
+        return doc
+
+    @property
+    def url(self) -> str | None:
+        return self.http.url if self.http is not None else None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    def close(self) -> None:
+        self.notifier.stopping("stopping")
+        self._event("daemon", {"event": "stopped", "cycles": self.stats.cycles})
+        if self.actions is not None:
+            try:
+                self.actions.close()
+            except Exception:
+                log.exception("closing actions")
+        if self.http is not None:
+            self.http.stop()
+        try:
+            self.source.close()
+        except Exception:
+            log.exception("closing the telemetry source")
+        if self.store is not None:
+            self.store.close()
+        self.stacks.close()
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run_forever(self) -> None:
+        period = self.config.daemon.period_s
+        self.notifier.ready(f"watching {len(self.source.gpus())} GPU(s) from {self.source.name}")
+        next_tick = self.monotonic()
+        while not self._stop.is_set():
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+                period = self.config.daemon.period_s
+            t0 = self.monotonic()
+            try:
+                self.cycle(self.clock())
+                self._cycle_failed(None)
+            except Exception as e:
+                self._cycle_failed(e)
+            self.stats.last_duration_s = self.monotonic() - t0
+            now_m = self.monotonic()
+            if self.notifier.watchdog_due(now_m):
+                self.notifier.watchdog(now_m)
+            next_tick += period
+            lateness = now_m - next_tick
+            if lateness > 0:
+                missed = int(lateness // period) + 1
+                self.stats.missed += missed
+                self.stats.worst_lateness_s = max(self.stats.worst_lateness_s, lateness)
+                next_tick += missed * period
+            self._stop.wait(max(0.0, next_tick - self.monotonic()))
+
+    def _cycle_failed(self, error: Exception | None) -> None:
+        """Count consecutive failed cycles; the last good snapshot is republished with the count so
+        /healthz turns 503 ``failing``. Logged with its traceback when the error changes, not each time."""
+        if error is None:
+            if self.failed_cycles:
+                log.warning("cycle %d succeeded after %d failed cycle(s)", self.cycle_no, self.failed_cycles)
+            self.failed_cycles, self._last_cycle_error = 0, None
+            return
+        self.failed_cycles += 1
+        self.stats.failed += 1
+        failed_total = float(self.stats.failed)
+        text = f"{type(error).__name__}: {error}"[:300]
+        if text != self._last_cycle_error:
+            log.error(
+                "cycle %d failed (%d in a row): %s",
+                self.cycle_no,
+                self.failed_cycles,
+                printable(text),
+                exc_info=error,
+            )
+            self._event("daemon", {"event": "cycle_failed", "cycle": self.cycle_no, "error": text})
+            self._last_cycle_error = text
+        latest = self.snapshots.latest()
+        if latest is not None:  # visible at once in /healthz (degraded) and the failed-cycle counter
+            counters = {
+                **latest.counters,
+                "failed_cycles_total": failed_total,
+                "degraded_cycles_total": float(self.degraded_cycles) + failed_total,
+            }
+            self.snapshots.publish(replace(latest, failed_cycles=self.failed_cycles, counters=counters))
+        elif self.failed_cycles >= 3:  # never a good cycle: say "failing", not "starting" forever
+            self.snapshots.publish(
+                Snapshot(
+                    node=self.node,
+                    source=self.source.name,
+                    mode=self.mode,
+                    armed=self.mode is not Mode.OBSERVE,
+                    cycle=self.cycle_no,
+                    time=self.started_at,
+                    period_s=self.config.daemon.period_s,
+                    started_at=self.started_at,
+                    version=__version__,
+                    failed_cycles=self.failed_cycles,
+                )
+            )
+
+    def cycle(self, now: float) -> Snapshot:
+        """One cycle at epoch time ``now``; returns (and publishes) the snapshot."""
+        cfg = self.config
+        self.cycle_no += 1
+        for cmd in self.control.drain():
+            if cmd.mode is not self.mode:
+                self._event("action", {"action": "mode", "from": str(self.mode), "to": str(cmd.mode)}, now)
+            self.mode = cmd.mode
+        t0 = time.perf_counter()
+        samples = self.source.sample(now)
+        self._sample_duration_s = time.perf_counter() - t0
+        if samples:
+            self._last_sample_time = now
+        for ch in self.gpus.update(now, samples):
+            self._event(
+                "state_change",
+                {
+                    "from": str(ch.old),
+                    "to": str(ch.new),
+                    "since": ch.since,
+                    "power_w": ch.power_w,
+                    "utilization_ratio": ch.utilization_ratio,
+                    "uuid": ch.uuid,
+                },
+                now,
+                gpu=ch.gpu,
+            )
+        statuses = self.gpus.statuses()
+        due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
+        if due:
+            self._last_process_s = now
+            self._jobs = self.pods.attribute(self._detect(now, samples, statuses))
+        if self.actions is not None and due:
+            try:
+                self.actions.on_cycle(
+                    now,
+                    mode=self.mode,
+                    jobs=self._jobs,
+                    processes=self._process_view.jobs if self._process_view else {},
+                    gpus=statuses,
+                    silences=self.control.silences,
+                    progress_dir=cfg.progress.dir,
+                )
+                self._actions_error = None
+            except Exception as e:
+                text = f"{type(e).__name__}: {e}"[:300]
+                if text != self._actions_error:
+                    log.exception("actions failed")
+                self._actions_error = text
+        self._persist_silences(now)
+        if self.store is not None:
+            self.store.maybe_reattach(now)
+            self.store.maybe_prune(now)
+        self.stats.cycles += 1
+        input_errors = self._input_errors()
+        if any(e["kind"] in ("job", "persist", "actions") for e in input_errors):
+            self.degraded_cycles += 1
+        snap = Snapshot(
+            node=self.node,
+            source=self.source.name,
+            mode=self.mode,
+            armed=self.mode is not Mode.OBSERVE,
+            cycle=self.cycle_no,
+            time=now,
+            period_s=cfg.daemon.period_s,
+            gpus=statuses,
+            jobs=self._jobs,
+            sample_duration_s=self._sample_duration_s,
+            last_sample_time=self._last_sample_time,
+            started_at=self.started_at,
+            counters={
+                "cycles_total": float(self.stats.cycles),
+                "missed_cycles_total": float(self.stats.missed),
+                "failed_cycles_total": float(self.stats.failed),
+                "degraded_cycles_total": float(self.degraded_cycles + self.stats.failed),
+            },
+            actions=dict(getattr(self.actions, "counters", {}) or {}),
+            version=__version__,
+            untrusted_progress_files=self._untrusted,
+            input_errors=input_errors,
+            stacks={**self.stacks.status(), "nccl_ras": self.ras.status()},
+        )
+        self.snapshots.publish(snap)
+        if self.on_cycle is not None:
+            self.on_cycle(snap)
+        return snap
+
+    def _input_errors(self) -> tuple[dict[str, Any], ...]:
+        """What failed this cycle without stopping it (Snapshot.input_errors)."""
+        out = list(self._progress_errors)
+        job_errors = dict(self.detector.job_errors)
+        for job, error in sorted(job_errors.items()):
+            if self._logged_job_errors.get(job) != error:  # once per job and error, not every cycle
+                log.error(
+                    "detector could not judge job %s (last verdict kept, never a kill): %s",
+                    printable(job, 200),
+                    printable(error),
+                )
+        self._logged_job_errors = job_errors
+        out += [{"kind": "job", "where": j, "error": e} for j, e in sorted(job_errors.items())]
+        out += [{"kind": "persist", "where": j, "error": e} for j, e in sorted(self._persist_errors.items())]
+        if self.store is not None and getattr(self.store, "memory_only", False):
+            out.append({"kind": "store", "where": str(self.store.path), "error": self.store.memory_reason})
+        if self._actions_error is not None:
+            out.append({"kind": "actions", "where": "actions", "error": self._actions_error})
+        return tuple(out)
+
+    def _detect(self, now: float, samples, statuses) -> tuple[JobStatus, ...]:
+        view = self.progress.read(now)
+        self._progress_errors = tuple(
+            {"kind": "progress_file", "where": printable(str(e.path)), "error": printable(e.error)}
+            for e in view.errors
+        )
+        gpu_pids = {s.gpu: list(s.pids) for s in samples if s.pids}
+        uuid_to_index = {g.uuid: g.gpu for g in statuses if g.uuid}
+        self._process_view = self.inspector.inspect(
+            now,
+            gpu_pids=gpu_pids,
+            claims=progress_claims(view, self.progress.host),
+            uuid_to_index=uuid_to_index,
+        )
+        self.progress.priority = frozenset(
+            name.split("@", 1)[0]
+            for name, ranks in self._process_view.jobs.items()
+            if any(r.alive and r.proof for r in ranks)
+        )
+        untrusted_files = [u.to_dict() for u in view.untrusted]
+        jobs = job_views(
+            view.jobs,
+            self._process_view.jobs,
+            untrusted=self._process_view.untrusted,
+            untrusted_files=untrusted_files,
+        )
+        self._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in self._process_view.untrusted)])
+        jobs = self._with_stacks(now, jobs)
+        gviews = [
+            GpuView(
+                g.gpu,
+                g.state,
+                g.state_since,
+                self.gpus.nvlink_bytes(g.gpu),
+                util_known=g.utilization_ratio is not None or g.power_w is None,
+            )
+            for g in statuses
+        ]
+        results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
+        persist_errors: dict[str, str] = {}
+        for j in results:
+            prev = self._verdicts.get(j.job)
+            if prev is j.verdict:
+                continue
+            try:  # an error while persisting one job's verdict stays in that job
+                self._record_verdict(j, prev, now)
+            except Exception as e:
+                persist_errors[j.job] = f"{type(e).__name__}: {e}"[:300]
+            self._verdicts[j.job] = j.verdict
+        for job, error in persist_errors.items():
+            if self._persist_errors.get(job) != error:
+                log.error("could not record the verdict of job %s: %s", printable(job, 200), printable(error))
+        self._persist_errors = persist_errors
+        for gone in set(self._verdicts) - {j.job for j in results}:
+            last = str(self._verdicts.pop(gone))
+            self._event("verdict", {"from": last, "to": None, "event": "job_gone"}, now, job=gone)
+            logs.EVENTS.verdict(gone, last, None, cause="job_gone")
+        return results
+
+    def _record_verdict(self, j: JobStatus, prev: Verdict | None, now: float) -> None:
+        self._event(
+            "verdict",
+            {
+                "from": str(prev) if prev else None,
+                "to": str(j.verdict),
+                "onset": j.onset,
+                "cause": j.cause,
+                "signals": j.evidence.get("signals", []),
+                "ranks": [r.rank for r in j.ranks],
+            },
+            now,
+            job=j.job,
+        )
+        logs.EVENTS.verdict(
+            j.job,
+            str(prev) if prev else None,
+            str(j.verdict),
+            cause=j.cause,
+            signals=[str(x) for x in j.evidence.get("signals", []) or []],
+            ranks=[r.rank for r in j.ranks],
+            onset=j.onset,
+            kill_worthy=j.kill_worthy,
+        )
+
+    def _with_stacks(self, now: float, jobs: list[JobView]) -> list[JobView]:
+        """Ask the sampler for dumps of every job's proven live ranks (it decides what is due) and
+        hand each job its latest stacks."""
+        procs = self._process_view.jobs if self._process_view is not None else {}
+        out = []
+        suspicious = False
+        for j in jobs:
+            pids = {r.rank: r.pid for r in j.ranks if r.proven and r.alive and r.pid is not None}
+            sizes = {p.world_size for p in procs.get(j.job, ()) if p.world_size is not None}
+            world = j.world_size if j.world_size is not None else (sizes.pop() if len(sizes) == 1 else None)
+            prev = self._verdicts.get(j.job)
+            self.stacks.request(
+                now,
+                j.job,
+                pids,
+                urgent=prev is not None and prev not in (Verdict.HEALTHY, Verdict.CHECKPOINT),
+                blind=not j.has_progress,
+                world_size=world,
+            )
+            summary = self.stacks.summary(j.job)
+            waiting = summary is not None and any(
+                s.samples > 1 and s.info.phase is StackPhase.COLLECTIVE for s in summary.ranks.values()
+            )
+            suspicious = suspicious or waiting or (prev is not None and prev not in _CALM)
+            ras = self.ras.facts(set(pids.values()))
+            out.append(replace(j, stacks=summary, ras=ras))
+        self.stacks.forget({j.job for j in jobs})
+        self.ras.request(now, suspicious)
+        return out
+
+    def _event(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        now: float | None = None,
+        *,
+        gpu: int | None = None,
+        job: str | None = None,
+    ) -> None:
+        if self.store is None:
+            return
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in payload.items()
+        }
+        self.store.append(kind, clean, time_s=self.clock() if now is None else now, gpu=gpu, job=job)
+
+    # -- reload ---------------------------------------------------------------------------------
+    def reload(self) -> None:
+        """SIGHUP: re-read the config file; apply what can change live (mode, detector, classifier
+        dwell, progress dir); listen address, state dir and source need a restart (logged)."""
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path, os.environ)
+            if self.overrides:  # the same command line as at start: a flag is no change
+                new = override(new, self.overrides, origin="command line")
+            validate_classifier(new)
+            token = load_token(new) if self._app is not None else None
+        except Exception as e:
+            log.error("reload failed, keeping the running configuration: %s", e)
+            self._event("daemon", {"event": "reload_failed", "error": str(e)})
+            self.notifier.ready("reload failed; running configuration kept")
+            return
+        for key in ("listen", "state_dir", "source"):
+            if getattr(new.daemon, key) != getattr(self.config.daemon, key):
+                log.warning("daemon.%s changed: takes effect after a restart", key)
+        new = replace(
+            new,
+            daemon=replace(
+                new.daemon,
+                listen=self.config.daemon.listen,
+                state_dir=self.config.daemon.state_dir,
+                source=self.config.daemon.source,
+            ),
+        )
+        self.detector.config = detector_settings(new)
+        if new.stacks != self.config.stacks:
+            self.stacks.close()
+            self.stacks = make_sampler(new)
+        if new.ras != self.config.ras:
+            self.ras = make_ras(new)
+        if new.progress != self.config.progress:
+            self.progress = ProgressReader(
+                new.progress.dir, stale_after_s=new.progress.stale_after_s, host=socket.gethostname()
+            )
+        if new.actions.mode != self.config.actions.mode:
+            self.mode = new.actions.mode
+        if self._app is not None:
+            from gpu_triage.serving.api import set_token
+
+            set_token(self._app, token)  # a rotated token file takes effect now; the old one stops
+            log.info("auth token re-read from %s", new.auth.token_file)
+        self.config = new
+        self._event("daemon", {"event": "reloaded", "config": new.origin})
+        self.notifier.ready("configuration reloaded")
+        log.info("configuration reloaded from %s", new.origin)
+
+
+def check_token(config: Config) -> None:
+    """The token file, as :meth:`Daemon.start` loads it (ConfigError naming ``auth.token_file``)."""
+    from gpu_triage.config.settings import ConfigError
+
+    try:
+        load_token(config)
+    except ConfigError as e:
+        raise ConfigError([f"auth.token_file: {p}" for p in e.problems]) from None
+
+
+def start_checks() -> tuple[Callable[[Config], None], ...]:
+    """Every check ``run`` makes of a configuration before its first cycle (each raises ConfigError);
+    ``check-config`` runs the same list, so it never approves what ``run`` refuses."""
+    return (validate_classifier, check_token)
+
+
+def validate_classifier(config: Config) -> None:
+    """The table file or model the config names must load now (ConfigError naming the key), rather
+    than raise in every cycle once a GPU is seen."""
+    from gpu_triage.classify.power_table import TableError
+    from gpu_triage.classify.table_files import resolve_table
+    from gpu_triage.config.settings import ConfigError
+
+    c = config.classifier
+    try:
+        resolve_table(model=c.model, path=c.table)
+    except TableError as e:
+        key = "classifier.table" if c.table is not None else "classifier.model"
+        raise ConfigError([f"{config.origin}: {key}: {e}"]) from None
+
+
+def detector_settings(config: Config) -> DetectorSettings:
+    return DetectorSettings(**asdict(config.detector), **config.stacks.detector_settings())
+
+
+_CALM = (Verdict.HEALTHY, Verdict.CHECKPOINT)
+
+
+def make_ras(config: Config) -> RasPoller:
+    r = config.ras
+    return RasPoller(
+        RasConfig(
+            enabled=r.enabled,
+            host=r.host,
+            port=r.port,
+            min_interval_s=r.min_interval_s,
+            timeout_s=r.timeout_s,
+        )
+    )
+
+
+def make_sampler(config: Config) -> StackSampler:
+    s = config.stacks
+    return StackSampler(
+        SamplerConfig(
+            enabled=s.enabled,
+            py_spy=s.py_spy,
+            nonblocking=s.nonblocking,
+            healthy_interval_s=s.healthy_interval_s,
+            blind_interval_s=s.blind_interval_s,
+            suspect_interval_s=s.suspect_interval_s,
+            timeout_s=s.timeout_s,
+            budget_cpu_s_per_min=s.budget_cpu_s_per_min,
+            max_parallel=s.max_parallel,
+        )
+    )
+
+
+def progress_claims(view: ProgressView, host: str) -> list[ProgressClaim]:
+    """What each believed progress file claims about its process (the inspector checks the claim)."""
+    claims = []
+    for job, jp in view.jobs.items():
+        ranks = dict(jp.ranks)
+        for rank, r in jp.stale.items():
+            ranks.setdefault(rank, r)
+        for rank, r in ranks.items():
+            rec = r.record
+            claims.append(
+                ProgressClaim(
+                    job, rank, rec.pid, rec.local_rank, host_is_local=rec.host == host, owner_uid=r.owner_uid
+                )
+            )
+    return claims
+
+
+def summary_line(snap: Snapshot) -> str:
+    """One line per cycle for the foreground run: GPU states and job verdicts."""
+    counts: dict[str, int] = {}
+    for g in snap.gpus:
+        counts[str(g.state)] = counts.get(str(g.state), 0) + 1
+    short = {
+        "compute": "compute",
+        "checkpoint_or_deadlock": "ckpt/deadlock",
+        "data_starvation": "starved",
+        "communication": "comm",
+        "idle": "idle",
+        "unknown": "unknown",
+    }
+    gpus = " ".join(f"{short[k]}={v}" for k, v in sorted(counts.items())) or "no GPUs"
+    power = sum(g.power_w or 0.0 for g in snap.gpus)
+    jobs = (
+        "; ".join(
+            f"{j.job}: {j.verdict}"
+            + (f" since {time.strftime('%H:%M:%S', time.localtime(j.onset))}" if j.onset else "")
+            + (
+                f" step {max(s for s in (r.step for r in j.ranks) if s is not None)}"
+                if any(r.step is not None for r in j.ranks)
+                else ""
+            )
+            for j in snap.jobs
+        )
+        or "no jobs"
+    )
+    clock = time.strftime("%H:%M:%S", time.localtime(snap.time))
+    return f"{clock} [{snap.mode}] GPUs {gpus} ({power:,.0f} W) | {jobs}"
+
+
+def install_signal_handlers(daemon: Daemon) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    signal.signal(signal.SIGINT, lambda *_: daemon.stop())
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: daemon.request_reload())
+
+
+__all__ = ["CycleStats", "Daemon", "install_signal_handlers", "summary_line"]

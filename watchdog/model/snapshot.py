@@ -1,0 +1,105 @@
+"""The immutable picture the loop publishes once per cycle; REST and metrics read only this.
+
+Readers never call into the loop: they take the latest :class:`Snapshot` (an atomic reference swap)
+and render it. All times are epoch seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_triage.model.findings import Finding
+from gpu_triage.model.states import GpuState, Mode, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    gpu: int
+    uuid: str | None
+    name: str | None
+    model: str
+    """Table model the GPU was matched to (e.g. 'B300', or 'generic')."""
+    power_w: float | None
+    power_limit_w: float | None
+    utilization_ratio: float | None
+    memory_used_bytes: float | None
+    state: GpuState
+    state_since: float | None
+    energy_j: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: float | None = None
+    read_errors_total: int = 0
+    compute_floor_w: float | None = None
+    """The table's compute floor for this GPU in watts (its band edges follow the enforced limit)."""
+    spin_ceiling_w: float | None = None
+    """The table's checkpoint_or_deadlock power ceiling in watts."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankStatus:
+    rank: int
+    pid: int | None
+    gpu: int | None
+    step: int | None
+    phase: str | None
+    lease_until: float | None
+    alive: bool | None
+    process_status: str | None
+    """psutil status ('running', 'sleeping', 'disk-sleep' = D-state...)."""
+    pod: Any = None
+    """The Kubernetes pod the rank runs in (:class:`gpu_triage.signals.pods.PodRef`), None outside one."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    job: str
+    ranks: tuple[RankStatus, ...]
+    verdict: Verdict
+    onset: float | None
+    """When the signature behind the verdict began."""
+    raised: float | None
+    """When the verdict was raised."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    cause: str | None = None
+    """What explains the verdict: for data_starvation 'storage_wait', 'cpu_contention' or 'loader';
+    for stalled/slow e.g. 'waiting_on_other_nodes', 'lease_expired:eval', 'asymmetric:gpu 3'."""
+    kill_worthy: bool = False
+    """True only for a hung verdict resting on positive evidence of a hang (docs/detector.md): the
+    action engine never signals a job whose status does not say so."""
+    findings: tuple[Finding, ...] = ()
+    """Every signal's statement this cycle (typed; ``evidence['findings']`` is their JSON form)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    node: str
+    source: str
+    mode: Mode
+    armed: bool
+    cycle: int
+    time: float
+    period_s: float
+    gpus: tuple[GpuStatus, ...] = ()
+    jobs: tuple[JobStatus, ...] = ()
+    sample_duration_s: float = 0.0
+    """Wall time the last telemetry read took."""
+    last_sample_time: float | None = None
+    started_at: float = 0.0
+    counters: dict[str, float] = field(default_factory=dict)
+    """Monotonic counters for metrics, e.g. 'actions_total{action=alert,result=ok}' style keys
+    are kept structured in ``actions``; this holds daemon-level ones (cycles_total, read_errors_total)."""
+    actions: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(action, result) -> count since start."""
+    version: str = ""
+    untrusted_progress_files: tuple[dict[str, Any], ...] = ()
+    """Progress files not believed this cycle: never a verdict input, never a kill target."""
+    input_errors: tuple[dict[str, Any], ...] = ()
+    """What failed this cycle without stopping it, each ``{"kind", "where", "error"}``: kind
+    ``progress_file`` (a file not read; ``where`` its path), ``job`` (a job the detector could not
+    judge), ``store`` (the event store on memory only), ``actions`` (the action engine raised)."""
+    failed_cycles: int = 0
+    """Consecutive cycles that raised before publishing (this snapshot is the last good one)."""
+    stacks: dict[str, Any] = field(default_factory=dict)
+    """The stack sampler's status: state (available, py_spy_missing, ptrace_denied, disabled), its
+    CPU spend over the last minute against its budget, dump counters."""

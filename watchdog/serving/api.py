@@ -1,0 +1,648 @@
+"""The REST API (contract in DESIGN.md, "Interfaces"): a FastAPI app over the latest snapshot.
+
+Read endpoints render the latest published :class:`~gpu_triage.model.snapshot.Snapshot` and nothing else:
+they never call into the loop, take no lock the loop holds, and cache the rendered ``/status`` and
+``/gpus`` bodies per snapshot (the loop publishes a new immutable snapshot each cycle, so a cached body
+is exact until the next one). Mutations go through a :class:`Control` whose methods must be cheap and
+thread-safe - :class:`QueuedControl` enqueues ``arm``/``disarm`` for the loop to apply at its next
+cycle and keeps silences in a :class:`SilenceBook`; the HTTP side never waits for a cycle.
+
+Security (issue 4, item 5): mutating endpoints need ``Authorization: Bearer <token>``. No token
+configured: 403. Header missing (or not a bearer token): 401 with ``WWW-Authenticate: Bearer``.
+Wrong token: 403. Tokens are compared in constant time (:func:`hmac.compare_digest`) and no response
+ever contains a token. Authentication runs before the request body is parsed, so an unauthenticated
+caller learns nothing about body validation. Every request body is limited (64 KiB by default, 413
+beyond, checked on ``Content-Length`` and on the bytes actually streamed).
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpu_triage import __version__
+from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, SilenceBook
+from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
+from gpu_triage.model.states import GpuState, Mode, Verdict
+from gpu_triage.serving.control import Control, ControlRefused, EventsReader
+from gpu_triage.serving.metrics import make_registry, render
+from gpu_triage.serving.publish import SnapshotHolder
+
+MAX_BODY_BYTES = 64 * 1024
+#: Health: the last cycle must be younger than this many periods, and never less than MIN_STALE_S.
+STALE_PERIODS = 3.0
+MIN_STALE_S = 5.0
+EVENTS_LIMIT_DEFAULT = 100
+EVENTS_LIMIT_MAX = 1000
+
+# Field names of the JSON contract (DESIGN.md): renaming any of these breaks operators' scripts.
+STATUS_FIELDS = (
+    "node",
+    "source",
+    "mode",
+    "armed",
+    "cycle",
+    "time",
+    "period_s",
+    "sample_duration_s",
+    "last_sample_time",
+    "started_at",
+    "version",
+)
+GPU_FIELDS = (
+    "gpu",
+    "uuid",
+    "name",
+    "model",
+    "power_w",
+    "power_limit_w",
+    "utilization_ratio",
+    "memory_used_bytes",
+    "state",
+    "state_since",
+    "energy_j",
+    "temperature_c",
+    "sm_clock_mhz",
+    "read_errors_total",
+)
+JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause")
+RANK_FIELDS = ("rank", "pid", "gpu", "step", "phase", "lease_until", "alive", "process_status")
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON documents (the contract) and their OpenAPI descriptions
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy: non-finite floats become null, enums their value, tuples/sets lists."""
+    if value is None or isinstance(value, bool | int | str):
+        return value.value if isinstance(value, enum.Enum) else value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if isinstance(value, Mapping):
+        return {str(k.value if isinstance(k, enum.Enum) else k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _fields(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: _plain(getattr(obj, name)) for name in names}
+
+
+def gpu_document(gpu: GpuStatus) -> dict[str, Any]:
+    return _fields(gpu, GPU_FIELDS)
+
+
+def rank_document(rank: RankStatus) -> dict[str, Any]:
+    document = _fields(rank, RANK_FIELDS)
+    pod = getattr(rank, "pod", None)
+    document["pod"] = _plain(pod.to_dict()) if pod is not None else None
+    return document
+
+
+def job_document(job: JobStatus) -> dict[str, Any]:
+    document = _fields(job, JOB_FIELDS)
+    document["ranks"] = [rank_document(r) for r in job.ranks]
+    document["evidence"] = _plain(job.evidence)
+    return document
+
+
+def status_document(snapshot: Snapshot) -> dict[str, Any]:
+    """The ``GET /status`` document for one snapshot (times in epoch seconds)."""
+    document = _fields(snapshot, STATUS_FIELDS)
+    document["gpus"] = [gpu_document(g) for g in snapshot.gpus]
+    document["jobs"] = [job_document(j) for j in snapshot.jobs]
+    document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
+    document["input_errors"] = _plain(list(snapshot.input_errors))
+    document["failed_cycles"] = snapshot.failed_cycles
+    document["stacks"] = _plain(snapshot.stacks)
+    return document
+
+
+def _dumps(document: Any) -> bytes:
+    return json.dumps(_plain(document), separators=(",", ":"), allow_nan=False).encode()
+
+
+FAILING_AFTER_CYCLES = 3
+"""Consecutive failed cycles after which /healthz answers 503 ``failing``."""
+DEGRADING_ERRORS = ("job", "persist", "actions", "store")
+"""Input error kinds that make /healthz say ``degraded`` (progress-file errors are the users' own)."""
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PodDoc(_Doc):
+    pod_uid: str = Field(description="UID of the Kubernetes pod the rank runs in (from its cgroup)")
+    namespace: str | None = Field(description="the pod's namespace, where the node's log directories name it")
+    pod: str | None = Field(description="the pod's name")
+    container: str | None = Field(description="the container's name")
+    container_id: str | None = Field(description="the container's id (64 hex digits)")
+
+
+class RankDoc(_Doc):
+    rank: int
+    pid: int | None
+    gpu: int | None
+    step: int | None
+    phase: str | None
+    lease_until: float | None = Field(description="End of the rank's phase lease (epoch seconds)")
+    alive: bool | None
+    process_status: str | None = Field(description="psutil status ('disk-sleep' is D-state)")
+    pod: PodDoc | None = Field(default=None, description="Kubernetes pod of the rank; null outside one")
+
+
+class GpuDoc(_Doc):
+    gpu: int = Field(description="GPU index")
+    uuid: str | None
+    name: str | None = Field(description="NVML device name")
+    model: str = Field(description="Power table the GPU was matched to")
+    power_w: float | None
+    power_limit_w: float | None
+    utilization_ratio: float | None = Field(description="0..1")
+    memory_used_bytes: float | None
+    state: GpuState
+    state_since: float | None = Field(description="epoch seconds")
+    energy_j: float | None
+    temperature_c: float | None
+    sm_clock_mhz: float | None
+    read_errors_total: int
+
+
+class JobDoc(_Doc):
+    job: str
+    ranks: list[RankDoc]
+    verdict: Verdict
+    kill_worthy: bool = Field(
+        description="True only for a hung verdict resting on positive evidence of a hang (may be killed)"
+    )
+    onset: float | None = Field(description="When the signature began (epoch seconds)")
+    raised: float | None = Field(description="When the verdict was raised (epoch seconds)")
+    evidence: dict[str, Any]
+    cause: str | None = Field(
+        description="What explains the verdict (data_starvation: storage_wait, cpu_contention, loader; "
+        "stalled/slow: e.g. waiting_on_other_nodes, lease_expired:eval, asymmetric:gpu 3)"
+    )
+
+
+class StatusDoc(_Doc):
+    node: str
+    source: str
+    mode: Mode
+    armed: bool
+    cycle: int
+    time: float = Field(description="When the cycle ran (epoch seconds)")
+    period_s: float
+    sample_duration_s: float
+    last_sample_time: float | None
+    started_at: float
+    version: str
+    gpus: list[GpuDoc]
+    jobs: list[JobDoc]
+    untrusted_progress_files: list[dict[str, Any]] = Field(
+        description="Progress files not believed (another owner, or a pid that is not the rank it claims)"
+    )
+    input_errors: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="What failed this cycle without stopping it: kind (progress_file, job, store, actions), "
+        "where, error",
+    )
+    failed_cycles: int = Field(0, description="Consecutive cycles that failed (this is the last good one)")
+    stacks: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Stack sampler (py-spy): state (available, py_spy_missing, ptrace_denied, disabled), "
+        "cpu_s_last_min against budget_cpu_s_per_min, dump counters, nccl_ras (the RAS poller); per-job "
+        "stacks and RAS facts are in the job evidence",
+    )
+
+
+class HealthDoc(_Doc):
+    status: Literal["ok", "degraded", "stale", "starting", "failing"]
+    last_cycle_age_s: float | None
+    failed_cycles: int | None = None
+    failed_cycles_total: int | None = None
+    errors: list[str] = Field(default_factory=list, description="What degraded the last cycle")
+    max_age_s: float
+    cycle: int | None
+
+
+class EventsDoc(_Doc):
+    events: list[dict[str, Any]]
+    since: int
+    limit: int
+    next_since: int = Field(description="Pass as ?since= to get the following page")
+    more: bool = Field(description="True when more events follow this page")
+
+
+class ArmRequest(_Doc):
+    mode: Literal["alert", "kill"]
+
+
+class SilenceRequest(_Doc):
+    matchers: dict[str, str] = Field(description="Exact matches on job, verdict and/or node", min_length=1)
+    duration_s: float = Field(gt=0, le=MAX_SILENCE_S)
+    comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+
+
+class SilenceDoc(_Doc):
+    id: str
+    matchers: dict[str, str]
+    comment: str
+    starts_at: float
+    ends_at: float
+
+
+class CommandDoc(_Doc):
+    accepted: bool
+    mode: Mode = Field(description="The mode requested")
+    armed: bool
+    current_mode: Mode | None = Field(description="The mode of the latest published cycle")
+    applies: Literal["next_cycle"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Request body limit (pure ASGI, before routing, authentication and parsing)
+
+
+class BodySizeLimit:
+    """Answer 413 to a request whose body exceeds ``max_body_bytes``, judged on ``Content-Length``
+    before reading and on the bytes actually received (chunked bodies); the app then gets the whole
+    (small) body replayed. A malformed ``Content-Length`` answers 400."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = JSONResponse({"detail": f"request body exceeds {self.max_body_bytes} bytes"}, 413)
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared_bytes = int(value)
+                except ValueError:
+                    await JSONResponse({"detail": "malformed Content-Length"}, 400)(scope, receive, send)
+                    return
+                if declared_bytes > self.max_body_bytes:
+                    await too_large(scope, receive, send)
+                    return
+        chunks: list[bytes] = []
+        received_bytes = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            received_bytes += len(chunk)
+            if received_bytes > self.max_body_bytes:
+                await too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+# --------------------------------------------------------------------------------------------------
+# The app
+
+
+class _Auth:
+    """The configured bearer token; its repr never shows it."""
+
+    __slots__ = ("_token",)
+
+    def __init__(self, token: str | None) -> None:
+        self._token = token.encode() if token is not None else None
+
+    def __repr__(self) -> str:
+        return f"_Auth(configured={self._token is not None})"
+
+    def check(self, credentials: HTTPAuthorizationCredentials | None) -> None:
+        """Raise the HTTP error for a refused call: no token configured 403, none given 401, wrong 403."""
+        if self._token is None:
+            raise HTTPException(
+                403, "mutating calls are disabled: no auth token is configured (auth.token_file)"
+            )
+        if credentials is None:
+            raise HTTPException(
+                401,
+                "missing bearer token (Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not hmac.compare_digest(credentials.credentials.encode(), self._token):
+            raise HTTPException(
+                403, "invalid bearer token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
+            )
+
+
+_BEARER = HTTPBearer(auto_error=False, description="The token from the file that auth.token_file names")
+
+
+def _require_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+) -> None:
+    request.app.state.auth.check(credentials)
+
+
+def _require_control(request: Request) -> Control:
+    control: Control | None = request.app.state.control
+    if control is None:
+        raise HTTPException(503, "this daemon accepts no controls")
+    return control
+
+
+#: Dependencies of the mutating endpoints, in this order: authenticate, then find the Control.
+Authorized = Annotated[None, Depends(_require_token)]
+Controlled = Annotated[Control, Depends(_require_control)]
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+async def _parse_body(request: Request, model: type[_Model]) -> _Model:
+    """Parse the JSON body after authentication (FastAPI parses declared bodies before dependencies)."""
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw or b"null")
+    except ValidationError as error:
+        details = [
+            {"type": e["type"], "loc": ("body", *e["loc"]), "msg": e["msg"]}
+            for e in error.errors(include_url=False)
+        ]
+        raise RequestValidationError(details) from None
+
+
+def _body_spec(model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+def _json(document: Any, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(_dumps(document), status_code, headers=dict(headers or {}), media_type="application/json")
+
+
+@dataclass
+class _Rendered:
+    snapshot: Snapshot
+    status: bytes
+    gpus: bytes
+
+
+def set_token(app: FastAPI, token: str | None) -> None:
+    """Replace the bearer token of a running app (SIGHUP re-reads auth.token_file)."""
+    if token is not None and not token.strip():
+        raise ValueError("the auth token is empty; pass None to disable mutating calls")
+    app.state.auth = _Auth(token)
+
+
+def create_app(
+    *,
+    snapshots: SnapshotHolder,
+    events: EventsReader | None,
+    table: Callable[[], dict[str, Any]],
+    control: Control | None,
+    token: str | None,
+    period_s: float,
+    clock: Callable[[], float] = time.time,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    metrics_registry: CollectorRegistry | None = None,
+    allowed_hosts: Iterable[str] | None = None,
+) -> FastAPI:
+    """The REST app. ``token`` is the bearer token for mutating calls (``None``: they answer 403);
+    ``period_s`` the loop's period (health: stale after max(3 periods, 5 s)); ``clock`` the epoch
+    clock compared with ``Snapshot.time``; ``table`` returns the power table in use as a dict;
+    ``allowed_hosts`` (None: no check) the host names a request's Host header may name besides IP
+    addresses and localhost (:mod:`gpu_triage.serving.host_check`)."""
+    if token is not None and not token.strip():
+        raise ValueError("the auth token is empty; pass None to disable mutating calls")
+    max_age_s = max(STALE_PERIODS * period_s, MIN_STALE_S)
+    registry = metrics_registry if metrics_registry is not None else make_registry(snapshots)
+    rendered: list[_Rendered] = []  # at most one entry: the latest snapshot's bodies
+
+    app = FastAPI(
+        title="gpu-watchdog",
+        version=__version__,
+        description="Per-node GPU training watchdog: status, events, metrics and controls.",
+    )
+    app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+    if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
+        from gpu_triage.serving.host_check import HostCheck, HostPolicy
+
+        app.add_middleware(HostCheck, policy=HostPolicy(allowed_hosts))
+    app.state.snapshots = snapshots
+    app.state.auth = _Auth(token)
+    app.state.control = control
+    app.state.metrics_registry = registry
+
+    def latest_or_503() -> Snapshot:
+        snapshot = snapshots.latest()
+        if snapshot is None:
+            raise HTTPException(503, "starting: no cycle has completed yet")
+        return snapshot
+
+    def bodies(snapshot: Snapshot) -> _Rendered:
+        if rendered and rendered[0].snapshot is snapshot:
+            return rendered[0]
+        document = status_document(snapshot)
+        entry = _Rendered(snapshot, _dumps(document), _dumps(document["gpus"]))
+        rendered[:] = [entry]
+        return entry
+
+    @app.head("/healthz", include_in_schema=False)
+    @app.get(
+        "/healthz", response_model=None, responses={200: {"model": HealthDoc}, 503: {"model": HealthDoc}}
+    )
+    async def healthz() -> Response:
+        """200 while the last cycle is younger than max(3 periods, 5 s); else 503 (stale/starting);
+        503 ``failing`` as soon as 3 cycles in a row raised. ``degraded`` (still 200: the loop runs) the
+        moment one cycle raised or a job could not be judged or recorded, with what failed."""
+        snapshot = snapshots.latest()
+        if snapshot is None:
+            return _json(
+                {"status": "starting", "last_cycle_age_s": None, "max_age_s": max_age_s, "cycle": None}, 503
+            )
+        age_s = clock() - snapshot.time
+        fresh = age_s < max_age_s
+        failing = snapshot.failed_cycles >= FAILING_AFTER_CYCLES
+        errors = sorted(
+            {str(e.get("kind")) for e in snapshot.input_errors if e.get("kind") in DEGRADING_ERRORS}
+        )
+        degraded = snapshot.failed_cycles > 0 or bool(errors)
+        return _json(
+            {
+                "status": "failing"
+                if failing
+                else ("stale" if not fresh else ("degraded" if degraded else "ok")),
+                "last_cycle_age_s": round(age_s, 3),
+                "max_age_s": max_age_s,
+                "cycle": snapshot.cycle,
+                "failed_cycles": snapshot.failed_cycles,
+                "failed_cycles_total": int(snapshot.counters.get("failed_cycles_total", 0)),
+                "errors": errors,
+            },
+            200 if fresh and not failing else 503,
+        )
+
+    @app.get("/status", response_model=None, responses={200: {"model": StatusDoc}})
+    async def status() -> Response:
+        """The latest cycle: node, mode, every GPU and every job with its verdict and evidence."""
+        return Response(bodies(latest_or_503()).status, media_type="application/json")
+
+    @app.get("/gpus", response_model=None, responses={200: {"model": list[GpuDoc]}})
+    async def gpus() -> Response:
+        """The ``gpus`` list of ``/status`` alone."""
+        return Response(bodies(latest_or_503()).gpus, media_type="application/json")
+
+    @app.get("/events", response_model=None, responses={200: {"model": EventsDoc}})
+    def list_events(
+        since: Annotated[
+            int, Query(ge=0, le=2**63 - 1, description="Return events with id greater than this")
+        ] = 0,
+        limit: Annotated[int, Query(ge=1, le=EVENTS_LIMIT_MAX)] = EVENTS_LIMIT_DEFAULT,
+    ) -> Response:
+        """Events with id greater than ``since``, oldest first (a sync handler: the store is SQLite)."""
+        if events is None:
+            raise HTTPException(503, "no event store")
+        try:
+            found = events.since(since, limit + 1)
+        except RuntimeError as error:
+            raise HTTPException(503, f"event store unavailable: {error}") from None
+        rows = [row.to_dict() if hasattr(row, "to_dict") else dict(row) for row in found]
+        page = rows[:limit]
+        next_since = int(page[-1]["id"]) if page else since
+        return _json(
+            {
+                "events": page,
+                "since": since,
+                "limit": limit,
+                "next_since": next_since,
+                "more": len(rows) > limit,
+            }
+        )
+
+    @app.get("/tables/current", response_model=None)
+    def tables_current() -> Response:
+        """The power table(s) in use, as data."""
+        return _json(table())
+
+    @app.get(
+        "/metrics",
+        response_model=None,
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}}},
+    )
+    async def metrics(request: Request) -> Response:
+        """Prometheus exposition (OpenMetrics when the scraper asks for it)."""
+        body, content_type = render(registry, request.headers.get("accept"))
+        return Response(body, headers={"Content-Type": content_type})
+
+    def accepted(mode: Mode, armed: bool) -> Response:
+        snapshot = snapshots.latest()
+        return _json(
+            {
+                "accepted": True,
+                "mode": mode,
+                "armed": armed,
+                "current_mode": snapshot.mode if snapshot else None,
+                "applies": "next_cycle",
+            },
+            202,
+        )
+
+    @app.post(
+        "/arm",
+        status_code=202,
+        response_model=None,
+        responses={202: {"model": CommandDoc}},
+        openapi_extra=_body_spec(ArmRequest),
+    )
+    async def arm(request: Request, _auth: Authorized, ctl: Controlled) -> Response:
+        """Switch to ``alert`` or ``kill`` mode (applied by the loop at its next cycle)."""
+        body = await _parse_body(request, ArmRequest)
+        mode = Mode(body.mode)
+        try:
+            ctl.arm(mode)
+        except ControlRefused as refused:
+            raise HTTPException(409, str(refused)) from None
+        return accepted(mode, True)
+
+    @app.post("/disarm", status_code=202, response_model=None, responses={202: {"model": CommandDoc}})
+    async def disarm(_auth: Authorized, ctl: Controlled) -> Response:
+        """Back to ``observe`` (applied by the loop at its next cycle)."""
+        ctl.disarm()
+        return accepted(Mode.OBSERVE, False)
+
+    @app.post(
+        "/silences",
+        status_code=201,
+        response_model=None,
+        responses={201: {"model": SilenceDoc}},
+        openapi_extra=_body_spec(SilenceRequest),
+    )
+    async def add_silence(request: Request, _auth: Authorized, ctl: Controlled) -> Response:
+        """Silence alerts whose labels match every matcher exactly, for ``duration_s``."""
+        body = await _parse_body(request, SilenceRequest)
+        try:
+            SilenceBook.validate(body.matchers, body.duration_s, body.comment)
+            silence = ctl.add_silence(body.matchers, body.duration_s, body.comment, clock())
+        except ValueError as invalid:
+            raise RequestValidationError(
+                [{"type": "value_error", "loc": ("body",), "msg": str(invalid)}]
+            ) from None
+        return _json(silence, 201)
+
+    @app.get("/silences", response_model=None, responses={200: {"model": list[SilenceDoc]}})
+    async def list_silences() -> Response:
+        """Active silences (readable without a token)."""
+        return _json(control.list_silences(clock()) if control is not None else [])
+
+    @app.delete(
+        "/silences/{silence_id}",
+        status_code=204,
+        response_model=None,
+        responses={404: {"description": "No such silence"}},
+    )
+    async def delete_silence(silence_id: str, _auth: Authorized, ctl: Controlled) -> Response:
+        """Expire a silence now."""
+        if not ctl.delete_silence(silence_id):
+            raise HTTPException(404, f"no silence {silence_id!r}")
+        return Response(status_code=204)
+
+    return app

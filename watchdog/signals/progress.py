@@ -1,0 +1,677 @@
+"""The daemon's side of the progress contract: read the trainers' progress files.
+
+Layout, fields, phases and limits come from the contract module, :mod:`gpu_triage.contract` (which
+also holds the writer the trainer and the integrations use). ``<dir>/<job>/rank-<rank>.json``.
+
+Pure parts, usable by the detector and its tests without files:
+
+- :func:`parse_record` - validate one file's bytes into a :class:`ProgressRecord` (or raise
+  :class:`ProgressFormatError` naming the field);
+- :func:`lease_state` - ``none`` / ``live`` / ``expired`` at ``now``;
+- :func:`stale_reason` - why a record is stale (``pid_gone``, ``silent``) or None;
+- :class:`StepTracker` - when each rank's step last changed ("steps frozen since").
+
+The I/O part, :class:`ProgressReader`, scans the directory once per call, re-reads a file only when its
+(mtime ns, size, inode) changed, and returns a :class:`ProgressView`. A bad file becomes a per-file
+error entry, never an exception; symlinks and files over 64 KiB are refused (the directory is
+writable by the training users' group and the daemon may run privileged).
+
+Staleness (contract): a file whose ``pid`` is gone (checked only when ``host`` is this node), or whose
+``time`` is more than ``stale_after_s`` (600 s) old without a live lease, is stale and ignored: it is
+not in :attr:`JobProgress.ranks`. It is still listed in :attr:`JobProgress.stale` with its reason,
+because a rank that is alive but silent for ten minutes is exactly what a long hang looks like and the
+detector may want to keep its last word.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import socket
+import stat
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpu_triage.contract import FIELDS, LEASE_SCOPES, MAX_FILE_BYTES, PHASES, STALE_AFTER_S
+from gpu_triage.model.names import job_name_problem, printable
+
+MAX_DEPTH = 4
+"""Nesting of JSON arrays/objects a progress file may have (the contract's record is flat: depth 1)."""
+MAX_RANK = 1_000_000
+"""Largest rank (and world size) accepted; ``rank-<n>.json`` names with more digits are refused."""
+MAX_JOB_DIRS = 1024
+MAX_FILES_PER_JOB = 4096
+"""Entries scanned per progress directory / job directory per cycle; the rest is reported, not read."""
+MAX_ROOT_ENTRIES = 65_536
+"""Entries of the progress directory itself listed per cycle (each costs one ``lstat``)."""
+MAX_JOB_DIRS_PER_OWNER = 64
+MAX_ENTRIES_PER_OWNER = 4096
+MAX_FILES_PER_OWNER = 1024
+"""Per owner (uid) of the job directories, per cycle: job directories read, entries listed in them,
+rank files considered. One user's files can never use up what another user's job needs: the caps are
+per owner, and jobs that had live ranks (and jobs the daemon was told hold live proven ranks) are read
+first, then the most recently changed."""
+
+log = logging.getLogger(__name__)
+
+
+class ProgressFormatError(ValueError):
+    """A progress file that does not follow the contract."""
+
+
+class LeaseState(StrEnum):
+    NONE = "none"
+    """No lease (the train phase)."""
+    LIVE = "live"
+    EXPIRED = "expired"
+
+
+class StaleReason(StrEnum):
+    PID_GONE = "pid_gone"
+    SILENT = "silent"
+    """Not written for ``stale_after_s`` and no live lease."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressRecord:
+    """One rank's progress file, validated. Times are epoch seconds."""
+
+    job: str
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+    host: str
+    step: int
+    epoch: int
+    tokens: int
+    phase: str
+    lease_until: float | None
+    time: float
+    lease_scope: str | None = None
+    """Optional ``lease_scope``: ``"job"`` when the trainer announces every collective phase on every
+    rank (waiting ranks included), ``"rank"`` or absent when only the ranks doing the work do."""
+
+
+# ------------------------------------------------------------------------------------------ pure
+
+
+_INT_MAX = 2**63 - 1
+
+
+def _int(data: Mapping[str, Any], name: str, low: int = 0, high: int = _INT_MAX) -> int:
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        bound = f">= {low}" if high == _INT_MAX else f"between {low} and {high}"
+        raise ProgressFormatError(f"{name}: expected an integer {bound}, got {_short(value)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    return printable(repr(value), 80)
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _nesting_depth(data: bytes) -> int:
+    """Deepest bracket nesting of JSON text (strings skipped); cheap, and never recursive."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return 0
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_STRING.sub(b'""', data)):
+        if m.group() in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    raise ProgressFormatError(f"not JSON: {name} is not a JSON number")
+
+
+def _time(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProgressFormatError(f"{name}: expected epoch seconds, got {_short(value)}")
+    return float(value)
+
+
+def parse_record(data: bytes | str) -> ProgressRecord:
+    """Validate one progress file's content. Raises :class:`ProgressFormatError` - and nothing else,
+    whatever the bytes (bounded: at most :data:`MAX_FILE_BYTES`, nesting at most :data:`MAX_DEPTH`,
+    no NaN/Infinity)."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if len(raw) > MAX_FILE_BYTES:
+        raise ProgressFormatError(f"{len(raw)} bytes, more than {MAX_FILE_BYTES}")
+    depth = _nesting_depth(raw)
+    if depth > MAX_DEPTH:
+        raise ProgressFormatError(f"nested {depth} levels deep, more than {MAX_DEPTH}")
+    try:
+        obj = json.loads(raw, parse_constant=_no_constant)
+    except ProgressFormatError:
+        raise
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ProgressFormatError(f"not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProgressFormatError("expected a JSON object")
+    missing = [f for f in FIELDS if f not in obj]
+    if missing:
+        raise ProgressFormatError(f"missing field(s): {', '.join(missing)}")
+    job, host, phase = obj["job"], obj["host"], obj["phase"]
+    if not isinstance(job, str) or not job:
+        raise ProgressFormatError(f"job: expected a non-empty string, got {_short(job)}")
+    problem = job_name_problem(job)
+    if problem is not None:
+        raise ProgressFormatError(f"job: {problem}, got {_short(job)}")
+    if not isinstance(host, str) or len(host) > 255:
+        raise ProgressFormatError(f"host: expected a string of at most 255 characters, got {_short(host)}")
+    if not isinstance(phase, str) or phase not in PHASES:
+        raise ProgressFormatError(f"phase: expected one of {', '.join(PHASES)}, got {_short(phase)}")
+    rank, world_size = _int(obj, "rank", 0, MAX_RANK), _int(obj, "world_size", 1, MAX_RANK + 1)
+    if rank >= world_size:
+        raise ProgressFormatError(f"rank: expected below world_size {world_size}, got {rank}")
+    lease = obj["lease_until"]
+    lease_until = None if lease is None else _time(lease, "lease_until")
+    scope = obj.get("lease_scope")
+    if scope is not None and (not isinstance(scope, str) or scope not in LEASE_SCOPES):
+        raise ProgressFormatError(
+            f"lease_scope: expected one of {', '.join(LEASE_SCOPES)}, got {_short(scope)}"
+        )
+    if phase != "train" and lease_until is None:
+        raise ProgressFormatError(f"lease_until: the {phase} phase needs a lease, got null")
+    return ProgressRecord(
+        job=job,
+        rank=rank,
+        local_rank=_int(obj, "local_rank", 0, MAX_RANK),
+        world_size=world_size,
+        pid=_int(obj, "pid", 1, 2**31 - 1),
+        host=host,
+        step=_int(obj, "step"),
+        epoch=_int(obj, "epoch"),
+        tokens=_int(obj, "tokens"),
+        phase=phase,
+        lease_until=lease_until,
+        time=_time(obj["time"], "time"),
+        lease_scope=scope,
+    )
+
+
+def lease_state(record: ProgressRecord, now_s: float) -> LeaseState:
+    if record.lease_until is None:
+        return LeaseState.NONE
+    return LeaseState.LIVE if now_s <= record.lease_until else LeaseState.EXPIRED
+
+
+def stale_reason(
+    record: ProgressRecord,
+    now_s: float,
+    *,
+    pid_alive: bool | None,
+    stale_after_s: float = STALE_AFTER_S,
+) -> StaleReason | None:
+    """Why ``record`` is stale, or None. ``pid_alive`` None: unknown (another host's file)."""
+    if pid_alive is False:
+        return StaleReason.PID_GONE
+    if now_s - record.time > stale_after_s and lease_state(record, now_s) is not LeaseState.LIVE:
+        return StaleReason.SILENT
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class StepMark:
+    step: int
+    since_s: float
+    """When the rank reported this step (the writer's ``time`` of the first record showing it)."""
+    phase: str = "train"
+    phase_since_s: float = 0.0
+    """When the rank entered ``phase`` (the ``time`` of the first record showing it)."""
+    previous_phase: str | None = None
+    """The phase before, when the change was seen; None when the rank was first seen in ``phase``."""
+
+
+class StepTracker:
+    """Remembers, per (job, rank), the step and the phase, and when each was first reported.
+
+    The first sight of a rank uses the record's own ``time``: the writer writes at least at every
+    step change (rate-limited to 1/s) and at every phase change, so a file that has not changed since
+    is a step not advanced since then - right even when the daemon starts in the middle of a hang. A
+    step going backwards (a restart from a checkpoint) counts as a change. The phase change time is
+    what lets the detector measure frozen time from a rank's *return* to ``train``, so time spent
+    under a lease never counts as frozen.
+    """
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[str, int], StepMark] = {}
+
+    def observe(self, record: ProgressRecord) -> StepMark:
+        key = (record.job, record.rank)
+        mark = self._marks.get(key)
+        if mark is None:
+            mark = StepMark(record.step, record.time, record.phase, record.time, None)
+        else:
+            if mark.step != record.step:
+                mark = replace(mark, step=record.step, since_s=record.time)
+            if mark.phase != record.phase:
+                mark = replace(mark, phase=record.phase, phase_since_s=record.time, previous_phase=mark.phase)
+        self._marks[key] = mark
+        return mark
+
+    def get(self, job: str, rank: int) -> StepMark | None:
+        return self._marks.get((job, rank))
+
+    def forget(self, keep: Iterable[tuple[str, int]]) -> None:
+        """Drop every (job, rank) not in ``keep`` (files that disappeared)."""
+        keep = set(keep)
+        for key in [k for k in self._marks if k not in keep]:
+            del self._marks[key]
+
+
+# ------------------------------------------------------------------------------------------- view
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgress:
+    record: ProgressRecord
+    path: Path
+    step_since_s: float
+    """When ``record.step`` was first reported: steps frozen since then if they no longer advance."""
+    lease: LeaseState
+    stale: StaleReason | None
+    phase_since_s: float | None = None
+    """When the rank entered its current phase (record time)."""
+    previous_phase: str | None = None
+    owner_uid: int | None = None
+    """The file's owner: a process named by the file must belong to the same user (or the file to root)."""
+
+    @property
+    def rank(self) -> int:
+        return self.record.rank
+
+    @property
+    def step(self) -> int:
+        return self.record.step
+
+    @property
+    def phase(self) -> str:
+        return self.record.phase
+
+    @property
+    def lease_until(self) -> float | None:
+        return self.record.lease_until
+
+    def step_frozen_s(self, now_s: float) -> float:
+        """Seconds since the step last advanced."""
+        return max(0.0, now_s - self.step_since_s)
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    job: str
+    ranks: Mapping[int, RankProgress]
+    """Live ranks (stale ones excluded), by rank."""
+    stale: Mapping[int, RankProgress] = field(default_factory=dict)
+    """Stale ranks, with :attr:`RankProgress.stale` saying why; ignored by default."""
+
+    @property
+    def world_size(self) -> int | None:
+        sizes = {r.record.world_size for r in self.ranks.values()}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    @property
+    def lease_scope(self) -> str | None:
+        """``job`` only when every live rank's file says so."""
+        scopes = {r.record.lease_scope for r in self.ranks.values()}
+        return "job" if scopes == {"job"} else ("rank" if scopes else None)
+
+    @property
+    def phases(self) -> dict[str, list[int]]:
+        """Phase -> ranks in it (live ranks). More than one key is phase disagreement."""
+        out: dict[str, list[int]] = {}
+        for rank, r in sorted(self.ranks.items()):
+            out.setdefault(r.phase, []).append(rank)
+        return out
+
+    def steps_frozen_since_s(self) -> float | None:
+        """The latest step change over the live ranks: every rank's step has been frozen since then."""
+        return max((r.step_since_s for r in self.ranks.values()), default=None)
+
+    def pids(self) -> dict[int, int]:
+        """Rank -> pid of the live ranks (for the process inspector)."""
+        return {rank: r.record.pid for rank, r in self.ranks.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class FileError:
+    path: Path
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class UntrustedFile:
+    """A well-formed progress file that is not believed (never a verdict input, never a kill target)."""
+
+    path: Path
+    job: str
+    rank: int
+    pid: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "job": self.job,
+            "rank": self.rank,
+            "pid": self.pid,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressView:
+    time_s: float
+    jobs: Mapping[str, JobProgress]
+    """Jobs with at least one file (live or stale), by name."""
+    errors: tuple[FileError, ...] = ()
+    directory_present: bool = True
+    untrusted: tuple[UntrustedFile, ...] = ()
+    """Files refused because their owner is neither the job directory's owner nor root."""
+
+
+# ------------------------------------------------------------------------------------------ reader
+
+
+@dataclass(slots=True)
+class _Cached:
+    key: tuple[int, int, int]
+    record: ProgressRecord | None
+    error: str | None
+    uid: int | None = None
+    dir_uid: int | None = None
+    record_uid: int | None = None
+    """The owner of the file ``record`` was read from (kept when a tampered path keeps its record)."""
+
+
+def _bounded(errors: list[FileError], limit: int = 64) -> list[FileError]:
+    """At most ``limit`` error entries (a hostile directory may hold thousands), then one that counts
+    the rest."""
+    if len(errors) <= limit:
+        return errors
+    return [*errors[:limit], FileError(Path("..."), f"{len(errors) - limit} more errors not listed")]
+
+
+def _rank_of(name: str) -> int | str | None:
+    """The rank a ``rank-<n>.json`` name is for; None for other names (writers' temp files); a string
+    (why) for a name that looks like a rank file but is not the canonical one: ``rank-00.json`` would
+    alias rank 0, ``rank-٣.json`` is not ASCII, more than 7 digits is no rank."""
+    if not (name.startswith("rank-") and name.endswith(".json")):
+        return None
+    digits = name[len("rank-") : -len(".json")]
+    if not digits or not (digits.isascii() and digits.isdigit()):
+        return None if not digits.isdigit() else "not an ASCII rank number"
+    if len(digits) > 7 or int(digits) > MAX_RANK:
+        return f"rank above {MAX_RANK}"
+    if digits != str(int(digits)):
+        return f"not the canonical name rank-{int(digits)}.json (a leading zero would alias that rank)"
+    return int(digits)
+
+
+class ProgressReader:
+    """Scans the progress directory; cheap when nothing changed (a ``stat`` per file)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        stale_after_s: float = STALE_AFTER_S,
+        pid_exists: Callable[[int], bool] = psutil.pid_exists,
+        host: str | None = None,
+    ) -> None:
+        """``pid_exists`` is consulted for files whose ``host`` is this node (``host``, default the
+        host name); it is injectable for tests."""
+        self.directory = Path(directory)
+        self.stale_after_s = stale_after_s
+        self._pid_exists = pid_exists
+        self.host = socket.gethostname() if host is None else host
+        self._cache: dict[Path, _Cached] = {}
+        self.tracker = StepTracker()
+        self.reads_total = 0
+        """Files actually opened and parsed (not served from the cache)."""
+        self._logged: set[tuple[str, str]] = set()
+        self._live_dirs: set[str] = set()
+        self.priority: frozenset[str] = frozenset()
+        """Job directory names read first (the daemon sets: jobs with live proven ranks)."""
+
+    def read(self, now_s: float) -> ProgressView:
+        errors: list[FileError] = []
+        seen: dict[Path, _Cached] = {}
+        try:
+            job_dirs = self._job_dirs(errors)
+        except FileNotFoundError:
+            self._cache.clear()
+            self.tracker.forget(())
+            return ProgressView(now_s, {}, (), directory_present=False)
+        except OSError as e:
+            return ProgressView(now_s, {}, (FileError(self.directory, str(e)),))
+
+        entries_used: dict[int, int] = {}
+        files_used: dict[int, int] = {}
+        for job_dir, dir_uid in job_dirs:
+            try:
+                entries = []
+                budget = min(MAX_FILES_PER_JOB, MAX_ENTRIES_PER_OWNER - entries_used.get(dir_uid, 0))
+                with os.scandir(job_dir.path) as it:
+                    for entry in it:
+                        if len(entries) >= budget:
+                            errors.append(
+                                FileError(
+                                    Path(job_dir.path),
+                                    f"more than {budget} entries (per job directory and per owner), "
+                                    "the rest not read",
+                                )
+                            )
+                            break
+                        entries.append(entry)
+                entries_used[dir_uid] = entries_used.get(dir_uid, 0) + len(entries)
+            except OSError as e:
+                errors.append(FileError(Path(job_dir.path), str(e)))
+                continue
+            for entry in entries:
+                rank = _rank_of(entry.name)
+                if rank is None:
+                    continue  # temp files of writers, anything else
+                path = Path(entry.path)
+                if isinstance(rank, str):
+                    errors.append(FileError(path, rank))
+                    continue
+                if files_used.get(dir_uid, 0) >= MAX_FILES_PER_OWNER:
+                    errors.append(
+                        FileError(
+                            path, f"more than {MAX_FILES_PER_OWNER} rank files of uid {dir_uid}, not read"
+                        )
+                    )
+                    break
+                files_used[dir_uid] = files_used.get(dir_uid, 0) + 1
+                try:
+                    cached = self._load(path, entry, job_dir.name, rank, dir_uid)
+                except Exception as e:  # one file never blinds the others (bug or hostile bytes)
+                    cached = _Cached((0, 0, 0), None, f"unreadable: {type(e).__name__}: {e}"[:300])
+                cached.dir_uid = dir_uid
+                seen[path] = cached
+
+        self._cache = seen
+        jobs: dict[str, tuple[dict[int, RankProgress], dict[int, RankProgress]]] = {}
+        keep: list[tuple[str, int]] = []
+        untrusted: list[UntrustedFile] = []
+        live_dirs: set[str] = set()
+        for path, cached in sorted(seen.items()):
+            if cached.record is None:
+                errors.append(FileError(path, cached.error or "unreadable"))
+                continue
+            if cached.error is not None:  # a record kept while its path was tampered with
+                errors.append(FileError(path, cached.error))
+            record = cached.record
+            owner = cached.record_uid if cached.record_uid is not None else cached.uid
+            if owner not in (None, 0, cached.dir_uid):
+                # Job directories of old writers are group-writable: a file another user put there
+                # never speaks for the directory owner's job (nor gets its processes signalled). It is
+                # its owner's job, under a name of its own; a squatted directory (made by another user
+                # before the job started) so never hides the job's own files.
+                untrusted.append(
+                    UntrustedFile(
+                        path,
+                        record.job,
+                        record.rank,
+                        record.pid,
+                        f"owned by uid {owner}, its job directory by uid {cached.dir_uid}: "
+                        f"read as job {record.job}@uid{owner}",
+                    )
+                )
+                record = replace(record, job=f"{record.job}@uid{owner}")
+            mark = self.tracker.observe(record)
+            keep.append((record.job, record.rank))
+            alive = self._pid_exists(record.pid) if record.host == self.host else None
+            reason = stale_reason(record, now_s, pid_alive=alive, stale_after_s=self.stale_after_s)
+            if reason is None:
+                live_dirs.add(path.parent.name)
+            view = RankProgress(
+                record,
+                path,
+                mark.since_s,
+                lease_state(record, now_s),
+                reason,
+                phase_since_s=mark.phase_since_s,
+                previous_phase=mark.previous_phase,
+                owner_uid=owner,
+            )
+            live, stale = jobs.setdefault(record.job, ({}, {}))
+            (stale if reason else live)[record.rank] = view
+        self.tracker.forget(keep)
+        self._live_dirs = live_dirs
+        errors = _bounded(errors)
+        self._log_errors(errors)
+        return ProgressView(
+            now_s,
+            {job: JobProgress(job, live, stale) for job, (live, stale) in sorted(jobs.items())},
+            tuple(errors),
+            untrusted=tuple(untrusted),
+        )
+
+    def _job_dirs(self, errors: list[FileError]) -> list[tuple[os.DirEntry[str], int]]:
+        """The job directories to read this cycle, with their owners: valid names only, at most
+        :data:`MAX_JOB_DIRS_PER_OWNER` per owner and :data:`MAX_JOB_DIRS` in all; jobs with live ranks
+        (last cycle, or named in :attr:`priority`) first, then the most recently changed."""
+        found: list[tuple[int, float, str, os.DirEntry[str], int]] = []
+        listed = 0
+        bad = 0
+        with os.scandir(self.directory) as it:
+            for entry in it:
+                listed += 1
+                if listed > MAX_ROOT_ENTRIES:
+                    errors.append(
+                        FileError(self.directory, f"more than {MAX_ROOT_ENTRIES} entries, the rest not read")
+                    )
+                    break
+                try:
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                problem = job_name_problem(entry.name)
+                if problem is not None:
+                    bad += 1
+                    errors.append(FileError(Path(entry.path), f"not a job directory: {problem}"))
+                    continue
+                first = 0 if entry.name in self.priority or entry.name in self._live_dirs else 1
+                found.append((first, -st.st_ctime, entry.name, entry, st.st_uid))
+        found.sort(key=lambda f: f[:3])
+        per_owner: dict[int, int] = {}
+        out: list[tuple[os.DirEntry[str], int]] = []
+        skipped: dict[int, int] = {}
+        for _, _, _, entry, uid in found:
+            if per_owner.get(uid, 0) >= MAX_JOB_DIRS_PER_OWNER or len(out) >= MAX_JOB_DIRS:
+                skipped[uid] = skipped.get(uid, 0) + 1
+                continue
+            per_owner[uid] = per_owner.get(uid, 0) + 1
+            out.append((entry, uid))
+        for uid, count in sorted(skipped.items()):
+            errors.append(
+                FileError(
+                    self.directory,
+                    f"{count} job directories of uid {uid} not read this cycle (at most "
+                    f"{MAX_JOB_DIRS_PER_OWNER} per owner, {MAX_JOB_DIRS} in all)",
+                )
+            )
+        return out
+
+    def _log_errors(self, errors: list[FileError]) -> None:
+        """A warning once per (file, error) while it lasts: a bad file is logged when it turns bad (or
+        changes its error), not every cycle; a fixed file may be logged again if it breaks again."""
+        current = {(str(e.path), e.error) for e in errors}
+        for path, error in sorted(current - self._logged):
+            log.warning("progress file %s ignored: %s", printable(path), printable(error))
+        self._logged = current
+
+    def _load(self, path: Path, entry: os.DirEntry[str], job: str, rank: int, dir_uid: int) -> _Cached:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as e:
+            return _Cached((0, 0, 0), None, str(e))
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = self._cache.get(path)
+        if cached is not None and cached.key == key and cached.uid == st.st_uid:
+            return cached
+        if (
+            cached is not None
+            and cached.record is not None
+            and cached.record_uid in (0, dir_uid)
+            and st.st_uid not in (0, dir_uid)
+        ):
+            # The job's own rank file was replaced by another user's entry (a directory, a file): the
+            # job keeps its last word (a rank frozen since then is still seen frozen), reported.
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "an entry"
+            return _Cached(
+                cached.key,
+                cached.record,
+                f"replaced by {kind} of uid {st.st_uid}; the job's last record is kept",
+                uid=cached.uid,
+                record_uid=cached.record_uid,
+            )
+        loaded = self._parse(path, st, key, job, rank)
+        loaded.uid = st.st_uid
+        loaded.record_uid = st.st_uid if loaded.record is not None else None
+        return loaded
+
+    def _parse(
+        self, path: Path, st: os.stat_result, key: tuple[int, int, int], job: str, rank: int
+    ) -> _Cached:
+        if not stat.S_ISREG(st.st_mode):
+            return _Cached(key, None, "not a regular file (symlinks are refused)")
+        if st.st_size > MAX_FILE_BYTES:
+            return _Cached(key, None, f"{st.st_size} bytes, more than {MAX_FILE_BYTES}")
+        self.reads_total += 1
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                data = os.read(fd, MAX_FILE_BYTES + 1)
+            finally:
+                os.close(fd)
+            record = parse_record(data)
+        except ProgressFormatError as e:
+            return _Cached(key, None, str(e))
+        except OSError as e:
+            return _Cached(key, None, str(e))
+        if record.job != job or record.rank != rank:
+            return _Cached(key, None, f"holds job {record.job!r} rank {record.rank}, not its path's")
+        return _Cached(key, record, None)

@@ -1,0 +1,208 @@
+"""What the ranks' stacks say about one job, as detector facts and findings (pure, time passed in).
+
+The sampler (:mod:`gpu_triage.signals.stacks.sampler`) keeps each rank's latest stack and since when it has
+not changed; this module turns a job's :class:`~gpu_triage.signals.stacks.dumps.StackSummary` into
+:class:`StackFacts`:
+
+- **frozen in collectives**: every rank of the job sampled recently (``fresh_s``), every stack
+  unchanged across at least ``min_samples`` dumps spanning ``frozen_s``, most of them waiting in a
+  collective and none in a save or eval. The ranks that wait somewhere else (another collective,
+  another call site, a host-side wait) are the *odd* ranks, named: the minority of the groups.
+  ``complete`` says whether every rank of the world (``WORLD_SIZE``) was among them: a rank on
+  another node may be saving where this node cannot see it, so an incomplete set is never proof.
+- **in a save**: a rank's stack is inside a checkpoint save: the job is checkpointing (never a
+  hang), until ``checkpoint_max_s`` (then ``stalled_checkpoint``, still never a kill).
+- **in eval**: explains the other ranks' wait like an eval lease.
+
+A frozen stack can also be a healthy job sampled at the same line each time (a job that spends
+most of its step in one all-reduce). The detector therefore never kills on stacks alone: a second,
+independent signal must hold - frozen steps (progress files), every job GPU in the spin band
+(telemetry), or every rank's host CPU asleep for ``frozen_s`` (a rank blocked in gloo sleeps; a
+training rank never does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpu_triage.model.findings import Finding, Signal, context, hang, progress
+from gpu_triage.signals.stacks.dumps import (
+    AVAILABLE,
+    StackPattern,
+    StackPhase,
+    StackSummary,
+    group_key,
+    stack_pattern,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StackEvidenceConfig:
+    frozen_s: float = 20.0
+    min_samples: int = 4
+    fresh_s: float = 30.0
+    checkpoint_max_s: float = 1800.0
+    asleep_cpu_ratio: float = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class StackFacts:
+    summary: StackSummary
+    pattern: StackPattern
+    world_size: int | None
+    unsampled: tuple[int, ...]
+    """Ranks of the job this node sees but has no fresh stack for."""
+    complete: bool
+    """Every rank of the world has a fresh stack here."""
+    frozen: bool
+    """Every sampled rank frozen (``min_samples`` dumps over ``frozen_s``), most in a collective,
+    none in a save or eval."""
+    frozen_since: float | None
+    in_save: tuple[int, ...]
+    save_since: float | None
+    in_eval: tuple[int, ...]
+    odd: tuple[int, ...]
+    asleep_since: float | None
+    """Since when every rank's host CPU has stayed below ``asleep_cpu_ratio`` (None: not asleep)."""
+
+    def provable(self) -> bool:
+        return self.frozen and self.complete
+
+    def to_dict(self) -> dict[str, object]:
+        p = self.pattern
+        return {
+            **self.summary.to_dict(),
+            "groups": [{"where": g.key, "ranks": list(g.ranks)} for g in p.groups],
+            "odd_ranks": list(self.odd),
+            "in_save": list(self.in_save),
+            "in_eval": list(self.in_eval),
+            "frozen": self.frozen,
+            "frozen_since": self.frozen_since,
+            "complete": self.complete,
+            "unsampled_ranks": list(self.unsampled),
+            "asleep_since": self.asleep_since,
+        }
+
+
+def stack_facts(
+    now: float,
+    summary: StackSummary | None,
+    ranks: Sequence[tuple[int, float | None]],
+    world_size: int | None,
+    cfg: StackEvidenceConfig,
+    asleep_since: float | None,
+) -> StackFacts | None:
+    """``ranks``: (rank, CPU ratio) of the job's ranks on this node; ``asleep_since`` the previous
+    cycle's value (the caller keeps it)."""
+    if summary is None:
+        return None
+    p = stack_pattern(summary.ranks, now=now, fresh_s=cfg.fresh_s, frozen_s=cfg.frozen_s)
+    sampled = set(p.sampled)
+    seen = {r for r, _ in ranks}
+    unsampled = tuple(sorted(seen - sampled))
+    world = world_size if world_size is not None else summary.world_size
+    complete = bool(sampled) and not unsampled and world is not None and sampled >= set(range(world))
+    fresh = {r: summary.ranks[r] for r in p.sampled}
+    enough = all(s.samples >= cfg.min_samples and s.frozen_s() >= cfg.frozen_s for s in fresh.values())
+    waiting = len(p.in_collective) * 2 >= len(fresh) and bool(p.in_collective)
+    frozen = bool(fresh) and enough and waiting and not p.in_save and not p.in_eval
+    ratios = [c for _, c in ranks]
+    if ranks and all(c is not None and c <= cfg.asleep_cpu_ratio for c in ratios):
+        asleep = asleep_since if asleep_since is not None else now
+    else:
+        asleep = None
+    return StackFacts(
+        summary=summary,
+        pattern=p,
+        world_size=world,
+        unsampled=unsampled,
+        complete=complete,
+        frozen=frozen,
+        frozen_since=p.frozen_since if frozen else None,
+        in_save=p.in_save,
+        save_since=p.save_since,
+        in_eval=p.in_eval,
+        odd=p.odd if frozen else (),
+        asleep_since=asleep,
+    )
+
+
+def asleep_long_enough(sf: StackFacts, now: float, cfg: StackEvidenceConfig) -> bool:
+    return sf.asleep_since is not None and now - sf.asleep_since >= cfg.frozen_s
+
+
+def where(sf: StackFacts) -> str:
+    """``rank 0: collective barrier @ train.py:40 main; rank 1: ...`` (fresh ranks only)."""
+    return "; ".join(f"rank {','.join(map(str, g.ranks))}: {g.key}" for g in sf.pattern.groups)
+
+
+def stack_findings(now: float, sf: StackFacts | None, cfg: StackEvidenceConfig) -> list[Finding]:
+    if sf is None:
+        return []
+    out: list[Finding] = []
+    if sf.summary.sampler != AVAILABLE:
+        out.append(context(Signal.NO_STACKS, f"stack sampling {sf.summary.sampler}"))
+    if sf.frozen:
+        out.append(
+            hang(
+                Signal.STACKS_FROZEN,
+                f"every sampled rank's stack unchanged for >= {cfg.frozen_s:.0f} s: {where(sf)}",
+                sf.frozen_since,
+                ranks=sf.pattern.sampled,
+            )
+        )
+        if sf.pattern.different:
+            odd = ",".join(map(str, sf.odd)) if sf.odd else "no majority"
+            out.append(
+                hang(
+                    Signal.STACKS_DIVERGED,
+                    f"ranks wait in different places (odd: {odd}): {where(sf)}",
+                    sf.frozen_since,
+                    ranks=sf.odd,
+                )
+            )
+        if asleep_long_enough(sf, now, cfg):
+            out.append(
+                hang(
+                    Signal.RANKS_ASLEEP,
+                    "every rank's host CPU idle",
+                    sf.asleep_since,
+                    ranks=sf.pattern.sampled,
+                )
+            )
+        if not sf.complete:
+            missing = f"{len(sf.pattern.sampled)} of {sf.world_size if sf.world_size is not None else '?'}"
+            out.append(context(Signal.NO_STACKS, f"stacks of {missing} ranks: others may be saving unseen"))
+    if sf.in_save:
+        sites = {group_key(sf.summary.ranks[r].info) for r in sf.in_save}
+        out.append(
+            progress(
+                Signal.STACK_IN_SAVE,
+                "inside a checkpoint save: " + "; ".join(sorted(sites)),
+                sf.save_since,
+                ranks=sf.in_save,
+            )
+        )
+    if sf.in_eval:
+        out.append(progress(Signal.STACK_IN_EVAL, "inside eval", ranks=sf.in_eval))
+    if sf.unsampled and not sf.frozen:
+        out.append(context(Signal.NO_STACKS, "no fresh stack", ranks=sf.unsampled))
+    return out
+
+
+def phase_of(sf: StackFacts | None, rank: int) -> StackPhase | None:
+    if sf is None or rank not in sf.pattern.sampled:
+        return None
+    return sf.summary.ranks[rank].info.phase
+
+
+__all__ = [
+    "StackEvidenceConfig",
+    "StackFacts",
+    "asleep_long_enough",
+    "phase_of",
+    "stack_facts",
+    "stack_findings",
+    "where",
+]

@@ -1,0 +1,1030 @@
+"""The detector: per-job verdicts from fused evidence (pure: inputs in, decisions out, time passed in).
+
+Each cycle the loop hands the detector what it saw - per-GPU states from the classifier, per-rank
+process facts from the inspector and progress from the trainer's files - as plain values
+(:class:`GpuView`, :class:`RankView`, :class:`JobView`). The detector keeps a little memory per job
+(its step timing, recent writes and reads, NVLink counter changes, the verdict in force) and returns a
+:class:`~gpu_triage.model.snapshot.JobStatus` per job whose evidence lists every
+:class:`~gpu_triage.model.findings.Finding` - for a hang, against one, and what limits the judgment.
+
+**Two classes of verdict** (docs/detector.md). *Hung* - ``deadlock_suspected`` then
+``deadlock_confirmed`` - is the only class that can lead to a kill, and it needs positive evidence of
+a hang from two independent signals with nothing speaking against it:
+
+- **K1 phase disagreement**: some ranks announced ``epoch_end`` (with a job-wide lease scope also
+  ``checkpoint`` or ``eval``) and hold a live lease, while the ranks in ``train`` have not advanced
+  for their budget: the epoch-end deadlock itself (progress files; works without GPU telemetry);
+- **K2 frozen steps + spin band**: every train rank frozen past its budget *and* every GPU of the job
+  in the spin band (``checkpoint_or_deadlock``, utilisation readable) for ``spin_min_s``, no writes.
+  Where ranks of the job live on other nodes, a rank there could be saving or compiling unseen: K2
+  then needs the trainer to announce its phases on every rank (``lease_scope = "job"``), a longer
+  budget (``k_remote`` intervals), and never applies to a first step;
+- **K3 broken promise + spin band**: a lease (``eval``, ``epoch_end``, ``init``, ``done``, or a
+  ``checkpoint`` with every rank visible) outlived by ``lease_grace_s`` while every job GPU spins and
+  nothing is written;
+- **K5 frozen steps + the asymmetric split**: most job GPUs spin while a few compute (a busy loop)
+  or idle (a rank stuck on the host), every rank visible and ``lease_scope = "job"`` (so no
+  unannounced save or eval explains the wait), nobody writing or reading, for ``k_remote`` intervals;
+  the odd GPUs are named;
+- **K4 power only** (no progress files): every job GPU in the spin band for ``power_only_after_s``,
+  no writes - kill-worthy only with ``power_only_can_kill = true``; by default it is ``stalled``:
+  a save whose writer is on another node looks exactly the same (the multi-node blind spot).
+
+Evidence against a hang vetoes the hung class: writes, ranks in D-state (storage), a stopped rank
+(``suspended``), GPUs in the compute or communication band. Everything else that lacks progress is
+alert-worthy at most: ``stalled`` (no progress past the budget, no proof), ``slow`` (past the budget
+but the GPUs work, or a lease overran while they compute), ``stalled_checkpoint``, ``data_starvation``,
+``suspended``, ``telemetry_lost``.
+
+**Time from the right moment**: a rank's frozen time starts at its last step change *or* its return to
+``train``, whichever is later, so time spent under a lease never counts. The first step after a start
+or a lease has its own budget, learned from this job's first steps (:mod:`gpu_triage.verdicts.step_timing`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_triage.model.findings import Finding, Signal, Stance, context, hang, progress
+from gpu_triage.model.snapshot import JobStatus, RankStatus
+from gpu_triage.model.states import GpuState, Verdict
+from gpu_triage.signals.nccl_ras.evidence import RasFacts
+from gpu_triage.signals.stacks.dumps import StackSummary
+from gpu_triage.signals.stacks.evidence import (
+    StackEvidenceConfig,
+    StackFacts,
+    asleep_long_enough,
+    stack_facts,
+    stack_findings,
+    where,
+)
+from gpu_triage.verdicts.step_timing import FirstStep, StepTiming, TimingConfig
+
+LEASED_PHASES = frozenset({"checkpoint", "eval", "epoch_end", "init", "done"})
+WORKING_STATES = frozenset({GpuState.COMPUTE, GpuState.COMMUNICATION})
+STOPPED_STATUSES = frozenset({"stopped", "tracing-stop"})
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    fast_min_s: float = 15.0
+    """K1/K2: frozen steps at least this long (and k_fast x the step interval)."""
+    k_fast: float = 1.5
+    k_remote: float = 2.5
+    """K2 when ranks live on other nodes: at least this many step intervals (a straggler there)."""
+    spin_min_s: float = 10.0
+    stall_min_s: float = 60.0
+    """``stalled``/``slow``: frozen steps at least this long (and k_stall x the step interval)."""
+    k_stall: float = 3.0
+    disagree_min_s: float = 15.0
+    power_only_after_s: float = 120.0
+    """No progress files: spin band (or an asymmetric split) this long with no writes."""
+    power_only_can_kill: bool = False
+    """Let K4 (power alone, no progress files) become kill-worthy. Off: a remote save looks the same."""
+    confirm_after_s: float = 120.0
+    write_active_bytes: float = 4 * 2**20
+    """Bytes written by the job's ranks within ``write_window_s`` that count as 'writing'."""
+    read_active_bytes: float = 4 * 2**20
+    """Bytes read within ``write_window_s`` that count as 'reading' (loading a model or data)."""
+    write_window_s: float = 10.0
+    lease_grace_s: float = 5.0
+    starvation_after_s: float = 30.0
+    telemetry_lost_after_s: float = 10.0
+    default_step_interval_s: float = 60.0
+    """Step interval assumed until the job's own is learned."""
+    first_step_default_s: float = 600.0
+    """Budget of the first step after a start, before any first step of the job was seen."""
+    k_first: float = 2.0
+    """A first step may take this many times the longest first step of its kind seen."""
+    interval_decay: float = 0.1
+    """How fast the learned step interval comes down (it goes up at once)."""
+    cpu_contention_ratio: float = 0.9
+    """A starving rank using this share of a core is CPU-bound (cause cpu_contention)."""
+    stacks_frozen_s: float = 20.0
+    """Stack evidence ([stacks] in the config file): a rank's stack unchanged this long is frozen."""
+    stacks_min_samples: int = 4
+    stacks_fresh_s: float = 30.0
+    stacks_checkpoint_max_s: float = 1800.0
+    stacks_asleep_cpu_ratio: float = 0.3
+
+    def stacks(self) -> StackEvidenceConfig:
+        return StackEvidenceConfig(
+            frozen_s=self.stacks_frozen_s,
+            min_samples=self.stacks_min_samples,
+            fresh_s=self.stacks_fresh_s,
+            checkpoint_max_s=self.stacks_checkpoint_max_s,
+            asleep_cpu_ratio=self.stacks_asleep_cpu_ratio,
+        )
+
+    def timing(self) -> TimingConfig:
+        return TimingConfig(
+            default_interval_s=self.default_step_interval_s,
+            first_step_default_s=self.first_step_default_s,
+            k_first=self.k_first,
+            decay=self.interval_decay,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    gpu: int
+    state: GpuState
+    since: float | None
+    nvlink_bytes: float | None = None
+    """Cumulative NVLink tx+rx bytes (None where unsupported)."""
+    util_known: bool = True
+    """False when utilisation is unreadable (MIG, vGPU): the state came from power alone."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    rank: int
+    pid: int | None = None
+    gpu: int | None = None
+    alive: bool | None = None
+    status: str | None = None
+    cpu_ratio: float | None = None
+    """CPU seconds per wall second since the last inspection."""
+    write_bytes_delta: float | None = None
+    read_bytes_delta: float | None = None
+    step: int | None = None
+    phase: str | None = None
+    lease_until: float | None = None
+    step_changed_at: float | None = None
+    """When this rank's step last changed (the record time of the first record showing it)."""
+    phase_since: float | None = None
+    """When this rank entered its current phase (record time)."""
+    previous_phase: str | None = None
+    """The phase before, when the change was seen (None: the rank was first seen in this phase)."""
+    proven: bool = False
+    """The process is tied to the job by positive proof (a kill target)."""
+
+    def active_since(self) -> float | None:
+        """Since when a train rank has shown no activity: its last step change or its return to train."""
+        times = [t for t in (self.step_changed_at, self.phase_since) if t is not None]
+        return max(times) if times else None
+
+    def first_step(self) -> FirstStep | None:
+        """Which first step a train rank is in, or None when it is past one (or cannot be told)."""
+        if self.phase != "train" or self.step is None:
+            return None
+        returned = self.previous_phase is not None and self.previous_phase != "train"
+        if returned and self.phase_since is not None:
+            if self.step_changed_at is None or self.step_changed_at <= self.phase_since:
+                return FirstStep.AFTER_START if self.previous_phase == "init" else FirstStep.AFTER_LEASE
+            return None
+        return FirstStep.AFTER_START if self.step == 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    job: str
+    ranks: tuple[RankView, ...]
+    has_progress: bool
+    world_size: int | None = None
+    """From the progress files (or the ranks' environment); None when unknown."""
+    lease_scope: str | None = None
+    """``job``: the trainer announces collective phases on every rank, waiting ones included."""
+    untrusted: tuple[dict[str, Any], ...] = ()
+    """Progress files naming this job that were not believed (path, pid, reason)."""
+    stacks: StackSummary | None = None
+    """The ranks' latest Python stacks (the stack sampler), None when none was taken."""
+    ras: RasFacts | None = None
+    """What NCCL's RAS service said about the job's communicators (None: not polled, not found)."""
+
+
+@dataclass
+class _RankMemory:
+    step: int | None = None
+    step_at: float | None = None
+
+
+@dataclass
+class _JobMemory:
+    timing: StepTiming
+    ranks: dict[int, _RankMemory] = field(default_factory=dict)
+    writes: deque[tuple[float, float]] = field(default_factory=deque)
+    reads: deque[tuple[float, float]] = field(default_factory=deque)
+    nvlink: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """gpu -> (last value, when it last changed)."""
+    verdict: Verdict = Verdict.HEALTHY
+    onset: float | None = None
+    raised: float | None = None
+    hang_since: float | None = None
+    """Since when kill-worthy evidence has held without a break."""
+    stopped_since: float | None = None
+    asymmetric_since: float | None = None
+    working_since: float | None = None
+    excused_at: float | None = None
+    asleep_since: float | None = None
+    """Since when every rank's host CPU has been idle (stack evidence)."""
+    save_seen_at: float | None = None
+    """The last time a rank's stack was inside a save: power-only time counts from there."""
+    """The last time a rank was stopped or in D-state: frozen time restarts from there (a suspended
+    or storage-stalled job that resumes owes no step for the time it could not run)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What one cycle's inputs say about one job, before any verdict."""
+
+    job_gpus: list[GpuView]
+    gpus_inferred: bool
+    unmapped: bool
+    """The node has GPUs but no rank of this job is tied to one."""
+    lost: list[int]
+    usable: bool
+    spin_all: bool
+    spin_strong: bool
+    """Every job GPU spinning, utilisation readable, GPUs mapped (not inferred): hang evidence."""
+    spin_since: float | None
+    working: list[GpuView]
+    working_since: float | None
+    """Since when some job GPU has been working without a break."""
+    waiting: list[GpuView]
+    majority_since: float | None
+    """Since when most (not all) job GPUs spin while the rest do something else, utilisation readable:
+    the asymmetric hang's power signature (None: not that split)."""
+    writes: float
+    writing: bool
+    reads: float
+    reading: bool
+    train: list[RankView]
+    live: list[RankView]
+    expired: list[RankView]
+    stopped: list[RankView]
+    dstate: list[RankView]
+    frozen_since: float | None
+    frozen_s: float
+    first: FirstStep | None
+    interval_s: float
+    unseen: int
+    nvlink_frozen: float | None
+    stacks: StackFacts | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    verdict: Verdict
+    onset: float | None
+    cause: str | None = None
+    signals: tuple[str, ...] = ()
+    kill_worthy: bool = False
+    why_not: str | None = None
+
+
+class Detector:
+    def __init__(self, config: DetectorConfig = DetectorConfig()) -> None:
+        self.config = config
+        self._jobs: dict[str, _JobMemory] = {}
+        self.job_errors: dict[str, str] = {}
+        """Job -> the error that kept the detector from judging it in the last :meth:`update`."""
+        self._gpu_unknown_since: dict[int, float] = {}
+
+    def forget(self, job: str) -> None:
+        self._jobs.pop(job, None)
+
+    def update(
+        self, now: float, gpus: Sequence[GpuView], jobs: Sequence[JobView], telemetry_ok: bool = True
+    ) -> list[JobStatus]:
+        """One cycle. ``telemetry_ok`` is False when the source reports no GPUs at all (``none``)."""
+        by_gpu = {g.gpu: g for g in gpus}
+        for g in gpus:
+            if g.state is GpuState.UNKNOWN:
+                self._gpu_unknown_since.setdefault(g.gpu, g.since if g.since is not None else now)
+            else:
+                self._gpu_unknown_since.pop(g.gpu, None)
+        # A job whose ranks are tied to no GPU may stand on the node's GPUs only when it is the one
+        # job there and no job claims any GPU (NVML lists no pids: a container without host PIDs);
+        # such inferred GPUs are context, never hang evidence. Otherwise it is reported unmapped.
+        claimed = any(r.gpu is not None for j in jobs for r in j.ranks)
+        inferred = tuple(gpus) if len(jobs) == 1 and not claimed else ()
+        out = []
+        self.job_errors = {}
+        for job in jobs:
+            try:
+                out.append(self._job(now, job, by_gpu, telemetry_ok, inferred))
+            except Exception as e:  # one job's failure stays in that job (reported, never a kill)
+                out.append(self._failed_job(now, job, e))
+        for gone in set(self._jobs) - {j.job for j in jobs}:
+            del self._jobs[gone]
+        return out
+
+    def _failed_job(self, now: float, job: JobView, error: Exception) -> JobStatus:
+        """The status of a job the detector could not judge this cycle: its last verdict kept (or
+        telemetry_lost: the watchdog cannot see), never kill-worthy, the error in the evidence."""
+        text = f"{type(error).__name__}: {error}"[:300]
+        self.job_errors[job.job] = text
+        mem = self._jobs.get(job.job)
+        if mem is not None and mem.raised is None:
+            mem = None  # first seen this cycle: no verdict of its own to keep
+        verdict = mem.verdict if mem is not None else Verdict.TELEMETRY_LOST
+        ranks = _rank_statuses(job)
+        return JobStatus(
+            job=job.job,
+            ranks=ranks,
+            verdict=verdict,
+            onset=mem.onset if mem is not None else None,
+            raised=mem.raised if mem is not None else now,
+            evidence={"detector_error": text},
+            cause="detector_error",
+            kill_worthy=False,
+        )
+
+    # -- one job ------------------------------------------------------------------------------
+    def _job(
+        self,
+        now: float,
+        job: JobView,
+        by_gpu: dict[int, GpuView],
+        telemetry_ok: bool,
+        inferred: tuple[GpuView, ...],
+    ) -> JobStatus:
+        cfg = self.config
+        mem = self._jobs.get(job.job)
+        if mem is None:
+            mem = self._jobs[job.job] = _JobMemory(StepTiming(cfg.timing()))
+        mem.timing.config = cfg.timing()
+        self._learn(now, job, mem)
+        facts = self._facts(now, job, mem, by_gpu, telemetry_ok, inferred)
+        findings = self._findings(now, job, facts, mem)
+        decision = self._decide(now, job, mem, facts)
+        if decision.verdict is not mem.verdict:
+            mem.verdict, mem.onset, mem.raised = decision.verdict, decision.onset, now
+        evidence = self._evidence(job, facts, mem, findings, decision)
+        ranks = _rank_statuses(job)
+        return JobStatus(
+            job=job.job,
+            ranks=ranks,
+            verdict=mem.verdict,
+            onset=mem.onset,
+            raised=mem.raised,
+            evidence=evidence,
+            cause=decision.cause,
+            kill_worthy=decision.kill_worthy,
+            findings=tuple(findings),
+        )
+
+    def _facts(
+        self,
+        now: float,
+        job: JobView,
+        mem: _JobMemory,
+        by_gpu: dict[int, GpuView],
+        telemetry_ok: bool,
+        inferred: tuple[GpuView, ...],
+    ) -> _Facts:
+        cfg = self.config
+        mapped = sorted({r.gpu for r in job.ranks if r.gpu is not None})
+        job_gpus = [by_gpu[g] for g in mapped if g in by_gpu]
+        gpus_inferred = False
+        if not mapped and inferred:
+            job_gpus, gpus_inferred = list(inferred), True
+        self._learn_nvlink(now, job_gpus, mem)
+        known = [g for g in job_gpus if g.state is not GpuState.UNKNOWN]
+        lost = [
+            g.gpu
+            for g in job_gpus
+            if g.gpu in self._gpu_unknown_since
+            and now - self._gpu_unknown_since[g.gpu] >= cfg.telemetry_lost_after_s
+        ]
+        usable = telemetry_ok and bool(known) and len(known) == len(job_gpus)
+        spin_all = usable and all(g.state is GpuState.CHECKPOINT_OR_DEADLOCK for g in known)
+        spin_since = max((now if g.since is None else g.since) for g in known) if spin_all else None
+        spin_strong = spin_all and not gpus_inferred and all(g.util_known for g in known)
+        working = [g for g in known if g.state in WORKING_STATES]
+        waiting = [g for g in known if g.state is GpuState.CHECKPOINT_OR_DEADLOCK]
+        majority = (
+            usable
+            and not spin_all
+            and not gpus_inferred
+            and len(waiting) * 2 > len(job_gpus)
+            and all(g.util_known for g in known)
+        )
+        majority_since = max((now if g.since is None else g.since) for g in waiting) if majority else None
+        writes = self._recent(now, mem.writes)
+        reads = self._recent(now, mem.reads)
+        train = [r for r in job.ranks if r.phase == "train" and r.step is not None]
+        leased = [r for r in job.ranks if r.phase in LEASED_PHASES and r.lease_until is not None]
+        live = [r for r in leased if now <= (r.lease_until or 0.0) + cfg.lease_grace_s]
+        expired = [r for r in leased if r not in live]
+        stopped = [r for r in job.ranks if r.status in STOPPED_STATUSES]
+        dstate = [r for r in job.ranks if r.status == "disk-sleep"]
+        actives = [r.active_since() for r in train]
+        frozen_since = max(a for a in actives if a is not None) if train and None not in actives else None
+        if stopped or dstate:
+            mem.excused_at = now
+        if frozen_since is not None and mem.excused_at is not None:
+            frozen_since = max(frozen_since, mem.excused_at)
+        frozen_s = max(0.0, now - frozen_since) if frozen_since is not None else 0.0
+        firsts = [k for k in (r.first_step() for r in train) if k is not None]
+        first = (FirstStep.AFTER_START if FirstStep.AFTER_START in firsts else firsts[0]) if firsts else None
+        visible = len({r.rank for r in job.ranks if r.step is not None})
+        unseen = max(0, (job.world_size or 0) - visible) if job.has_progress else 0
+        return _Facts(
+            job_gpus=job_gpus,
+            gpus_inferred=gpus_inferred,
+            unmapped=not mapped and bool(by_gpu),
+            lost=lost,
+            usable=usable,
+            spin_all=spin_all,
+            spin_strong=spin_strong,
+            spin_since=spin_since,
+            working=working,
+            working_since=self._working_since(now, mem, working),
+            waiting=waiting,
+            majority_since=majority_since,
+            writes=writes,
+            writing=writes >= cfg.write_active_bytes,
+            reads=reads,
+            reading=reads >= cfg.read_active_bytes,
+            train=train,
+            live=live,
+            expired=expired,
+            stopped=stopped,
+            dstate=dstate,
+            frozen_since=frozen_since,
+            frozen_s=frozen_s,
+            first=first,
+            interval_s=mem.timing.interval_s(),
+            unseen=unseen,
+            nvlink_frozen=self._nvlink_frozen_since(job_gpus, mem),
+            stacks=self._stack_facts(now, job, mem),
+        )
+
+    def _stack_facts(self, now: float, job: JobView, mem: _JobMemory) -> StackFacts | None:
+        alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
+        sf = stack_facts(now, job.stacks, alive, job.world_size, self.config.stacks(), mem.asleep_since)
+        mem.asleep_since = sf.asleep_since if sf is not None else None
+        if sf is not None and sf.in_save:
+            mem.save_seen_at = now
+        return sf
+
+    # -- budgets ---------------------------------------------------------------------------------
+    def _fast_budget_s(self, f: _Facts, timing: StepTiming, *, remote: bool) -> float:
+        """How long train ranks must be frozen before K1/K2 count it."""
+        cfg = self.config
+        if f.first is not None and (remote or f.first is FirstStep.AFTER_LEASE):
+            return max(cfg.fast_min_s, timing.first_step_budget_s(f.first))
+        if not timing.learned():
+            return timing.first_step_budget_s(FirstStep.AFTER_START) if remote else 2 * cfg.fast_min_s
+        k = cfg.k_remote if remote else cfg.k_fast
+        return max(cfg.fast_min_s, k * timing.interval_s())
+
+    def _stall_budget_s(self, f: _Facts, timing: StepTiming) -> float:
+        cfg = self.config
+        steady = max(cfg.stall_min_s, cfg.k_stall * timing.interval_s())
+        if f.first is not None:
+            return max(steady, timing.first_step_budget_s(f.first))
+        return steady
+
+    # -- decision ---------------------------------------------------------------------------------
+    def _decide(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision:
+        cfg = self.config
+        if f.stopped:
+            mem.stopped_since = mem.stopped_since or now
+            mem.hang_since = None
+            return _Decision(
+                Verdict.SUSPENDED,
+                self._keep_onset(mem, Verdict.SUSPENDED, mem.stopped_since),
+                "stopped",
+                (str(Signal.RANKS_STOPPED),),
+                why_not="a stopped rank cannot advance until it resumes",
+            )
+        mem.stopped_since = None
+        hung = self._hung(now, job, mem, f)
+        if hung is not None:
+            onset, signals = hung
+            mem.hang_since = mem.hang_since if mem.hang_since is not None else now
+            held = now - mem.hang_since
+            verdict = (
+                Verdict.DEADLOCK_CONFIRMED
+                if mem.verdict is Verdict.DEADLOCK_CONFIRMED or held >= cfg.confirm_after_s
+                else Verdict.DEADLOCK_SUSPECTED
+            )
+            if mem.verdict in (Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED) and mem.onset:
+                onset = mem.onset
+            return _Decision(verdict, onset, None, tuple(signals), kill_worthy=True)
+        mem.hang_since = None
+        return self._not_hung(now, job, mem, f)
+
+    def _vetoed(self, f: _Facts, *, asymmetric: bool = False) -> str | None:
+        """Evidence against a hang. For the asymmetric signature the odd GPUs may compute (a busy loop)
+        but a rank reading (loading data) explains them instead."""
+        if f.writing:
+            return "the job's ranks are writing"
+        if f.stacks is not None and f.stacks.in_save:
+            return "a rank's stack is inside a checkpoint save"
+        if f.dstate:
+            return "ranks in D-state (storage)"
+        if asymmetric:
+            return "ranks are reading (loading)" if f.reading else None
+        if f.working:
+            return "GPUs in the compute or communication band"
+        return None
+
+    def _hung(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> tuple[float, list[str]] | None:
+        """Positive proof of a hang (K1-K5), or None."""
+        cfg = self.config
+        full_veto = self._vetoed(f)
+        spun = (
+            full_veto is None
+            and f.spin_strong
+            and f.spin_since is not None
+            and now - f.spin_since >= cfg.spin_min_s
+        )
+        # The asymmetric split (most GPUs spin, a few compute or idle) proves a hang only when every
+        # rank is visible here and the trainer announces every collective phase on every rank: then
+        # no unannounced save or eval on the odd rank can explain the others' wait.
+        asym = (
+            job.lease_scope == "job"
+            and f.unseen == 0
+            and f.majority_since is not None
+            and now - f.majority_since >= cfg.spin_min_s
+            and self._vetoed(f, asymmetric=True) is None
+        )
+        frozen = f.train and f.frozen_since is not None
+        # K1: phase disagreement with frozen train ranks
+        disagreeing = {"epoch_end"} | ({"checkpoint", "eval"} if job.lease_scope == "job" else set())
+        disagree = [r for r in (*f.live, *f.expired) if r.phase in disagreeing]
+        if full_veto is None and disagree and frozen:
+            assert f.frozen_since is not None
+            budget = max(cfg.disagree_min_s, self._fast_budget_s(f, mem.timing, remote=False))
+            if f.frozen_s >= budget:
+                return f.frozen_since, [str(Signal.PHASE_DISAGREEMENT), str(Signal.STEPS_FROZEN)]
+        # K2: frozen steps + every job GPU in the spin band
+        if job.has_progress and frozen and spun:
+            assert f.frozen_since is not None and f.spin_since is not None
+            remote = f.unseen > 0
+            provable = not remote or (job.lease_scope == "job" and f.first is None)
+            if provable and f.frozen_s >= self._fast_budget_s(f, mem.timing, remote=remote):
+                onset = min(f.frozen_since, f.spin_since)
+                return onset, [str(Signal.STEPS_FROZEN), str(Signal.SPIN_BAND), str(Signal.NO_WRITES)]
+        # K5: frozen steps + the asymmetric split, naming the odd GPUs
+        if frozen and asym:
+            assert f.frozen_since is not None and f.majority_since is not None
+            if f.frozen_s >= self._fast_budget_s(f, mem.timing, remote=True):
+                return min(f.frozen_since, f.majority_since), [
+                    str(Signal.STEPS_FROZEN),
+                    str(Signal.ASYMMETRIC),
+                    str(Signal.NO_WRITES),
+                ]
+        # K3: a broken lease promise while the job's GPUs spin (all, or the asymmetric split) and
+        # nothing is written
+        if (spun or asym) and f.expired and not [r for r in f.live if r.phase == "checkpoint"]:
+            broken = [r for r in f.expired if r.phase != "checkpoint" or f.unseen == 0]
+            train_ok = not f.train or (
+                f.frozen_since is not None
+                and f.frozen_s >= self._fast_budget_s(f, mem.timing, remote=f.unseen > 0)
+            )
+            if broken and train_ok:
+                lease_end = max(r.lease_until or now for r in broken) + cfg.lease_grace_s
+                band = Signal.SPIN_BAND if spun else Signal.ASYMMETRIC
+                return lease_end, [str(Signal.LEASE_EXPIRED), str(band), str(Signal.NO_WRITES)]
+        # K6: every rank's stack frozen in a collective (the odd ones named) + a second signal:
+        # frozen steps, the spin band, or every rank asleep on the host
+        k6 = self._stacks_hung(now, job, mem, f, full_veto, spun)
+        if k6 is not None:
+            return k6
+        # K4: power alone, no progress files (kill-worthy only when configured)
+        if (
+            cfg.power_only_can_kill
+            and not job.has_progress
+            and spun
+            and f.spin_since is not None
+            and now - max(f.spin_since, mem.save_seen_at or 0.0) >= cfg.power_only_after_s
+            and all(r.alive is not False for r in job.ranks)
+        ):
+            return f.spin_since, [str(Signal.SPIN_BAND), str(Signal.NO_WRITES), str(Signal.NO_PROGRESS_FILES)]
+        return None
+
+    def _stacks_hung(
+        self, now: float, job: JobView, mem: _JobMemory, f: _Facts, veto: str | None, spun: bool
+    ) -> tuple[float, list[str]] | None:
+        sf = f.stacks
+        if sf is None or not sf.provable() or veto is not None or sf.frozen_since is None:
+            return None
+        if any(r.alive is False for r in job.ranks):
+            return None
+        signals = [str(Signal.STACKS_FROZEN)]
+        if sf.pattern.different:
+            signals.append(str(Signal.STACKS_DIVERGED))
+        onset = sf.frozen_since
+        if job.has_progress:
+            if not (f.train and f.frozen_since is not None):
+                return None
+            if f.frozen_s < self._fast_budget_s(f, mem.timing, remote=False):
+                return None
+            signals.append(str(Signal.STEPS_FROZEN))
+            onset = min(onset, f.frozen_since)
+        elif spun:
+            signals.append(str(Signal.SPIN_BAND))
+        elif self._ras_frozen(now, job):
+            signals.append(str(Signal.NCCL_COUNTS_FROZEN))
+        elif asleep_long_enough(sf, now, self.config.stacks()):
+            signals.append(str(Signal.RANKS_ASLEEP))
+        else:
+            return None
+        return onset, [*signals, str(Signal.NO_WRITES)]
+
+    def _ras_frozen(self, now: float, job: JobView) -> bool:
+        since = job.ras.counts_frozen_since if job.ras is not None else None
+        return since is not None and now - since >= self.config.stacks_frozen_s
+
+    def _stacks_not_hung(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision | None:
+        """A rank's stack inside a save: ``checkpoint`` (``stalled_checkpoint`` past the cap); every
+        rank frozen without proof: ``stalled``. Never a kill."""
+        sf = f.stacks
+        if sf is None:
+            return None
+        if sf.in_save and sf.save_since is not None:
+            held = now - sf.save_since
+            if held >= self.config.stacks_checkpoint_max_s:
+                verdict = Verdict.STALLED_CHECKPOINT
+                signals: tuple[str, ...] = (str(Signal.STACK_IN_SAVE), "save_over_cap")
+            else:
+                verdict, signals = Verdict.CHECKPOINT, (str(Signal.STACK_IN_SAVE),)
+            return _Decision(verdict, self._keep_onset(mem, verdict, sf.save_since), None, signals)
+        if (
+            sf.frozen
+            and sf.frozen_since is not None
+            and not (job.has_progress and f.train)
+            and self._vetoed(f) is None  # GPUs working, writes: the same line sampled, not a freeze
+        ):
+            why = self._why_not(job, f)
+            if not sf.complete:
+                why = "stacks of only some ranks of the world: another node's rank may be saving"
+            elif why is None or not job.has_progress:
+                why = "stacks frozen, but no second signal (steps, spin band, ranks asleep)"
+            cause = "stacks_frozen:" + where(sf)
+            return _Decision(
+                Verdict.STALLED,
+                self._keep_onset(mem, Verdict.STALLED, sf.frozen_since),
+                cause[:300],
+                (str(Signal.STACKS_FROZEN),),
+                why_not=why,
+            )
+        return None
+
+    def _not_hung(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision:
+        cfg = self.config
+        why_not = self._why_not(job, f)
+        by_stack = self._stacks_not_hung(now, job, mem, f)
+        if by_stack is not None and by_stack.verdict in (Verdict.CHECKPOINT, Verdict.STALLED_CHECKPOINT):
+            return by_stack
+        live_ckpt = [r for r in f.live if r.phase == "checkpoint"]
+        if live_ckpt or (f.writing and f.waiting and len(f.waiting) * 2 >= len(f.job_gpus)):
+            signals = ("checkpoint_lease",) if live_ckpt else (str(Signal.WRITES), str(Signal.SPIN_BAND))
+            onset = min((r.phase_since for r in live_ckpt if r.phase_since is not None), default=None)
+            if onset is None:
+                onset = f.spin_since if f.spin_since is not None else now
+            return _Decision(
+                Verdict.CHECKPOINT, self._keep_onset(mem, Verdict.CHECKPOINT, onset), None, signals
+            )
+        expired_ckpt = [r for r in f.expired if r.phase == "checkpoint"]
+        if expired_ckpt:
+            onset = min(r.lease_until or now for r in expired_ckpt)
+            signals = ("checkpoint_lease_expired", "still_writing" if f.writing else str(Signal.NO_WRITES))
+            return _Decision(
+                Verdict.STALLED_CHECKPOINT,
+                self._keep_onset(mem, Verdict.STALLED_CHECKPOINT, onset),
+                None,
+                signals,
+                why_not=why_not,
+            )
+        starving = [g for g in f.job_gpus if g.state is GpuState.DATA_STARVATION]
+        if f.usable and starving and len(starving) * 2 > len(f.job_gpus):
+            since = max((now if g.since is None else g.since) for g in starving)
+            if now - since >= cfg.starvation_after_s:
+                cause = self._starvation_cause(job)
+                return _Decision(
+                    Verdict.DATA_STARVATION,
+                    self._keep_onset(mem, Verdict.DATA_STARVATION, since),
+                    cause,
+                    ("data_starvation_band", cause),
+                )
+        stall = self._stall(now, job, mem, f)
+        if stall is not None:
+            onset, cause, signals, steps = stall
+            if steps and f.working and f.working_since is not None and now - f.working_since < cfg.fast_min_s:
+                return _Decision(Verdict.HEALTHY, None, None, (str(Signal.GPUS_WORKING),))
+            if steps and (f.working or (f.reading and not f.dstate)):
+                verdict, cause = Verdict.SLOW, ("gpus_working" if f.working else "reading") + f":{cause}"
+            else:
+                verdict = Verdict.STALLED
+                if f.dstate:
+                    cause = "storage_wait"
+            return _Decision(
+                verdict, self._keep_onset(mem, verdict, onset), cause, tuple(signals), why_not=why_not
+            )
+        if by_stack is not None:
+            return by_stack
+        if f.lost:
+            since = min(self._gpu_unknown_since[g] for g in f.lost)
+            return _Decision(
+                Verdict.TELEMETRY_LOST,
+                self._keep_onset(mem, Verdict.TELEMETRY_LOST, since),
+                None,
+                (f"gpu_reads_failing:{','.join(map(str, f.lost))}",),
+            )
+        signals = (str(Signal.STEPS_ADVANCING),) if f.train and f.frozen_s < 2 * f.interval_s else ()
+        return _Decision(Verdict.HEALTHY, None, None, signals)
+
+    def _stall(
+        self, now: float, job: JobView, mem: _JobMemory, f: _Facts
+    ) -> tuple[float, str, list[str], bool] | None:
+        """No progress past the job's budget, without proof of a hang: (onset, cause, signals, and
+        whether it is about steps - working GPUs then make it ``slow``)."""
+        cfg = self.config
+        if job.has_progress:
+            if f.train and f.frozen_since is not None:
+                fast = self._fast_budget_s(f, mem.timing, remote=f.unseen > 0)
+                waiting_on_lease = [r for r in f.live if r.phase != "checkpoint"]
+                spun = f.spin_since is not None and now - f.spin_since >= cfg.spin_min_s
+                if f.spin_all and spun and f.frozen_s >= fast:  # looks hung, cannot be proven from here
+                    onset = min(f.frozen_since, f.spin_since or f.frozen_since)
+                    signals = [str(Signal.STEPS_FROZEN), str(Signal.SPIN_BAND)]
+                    return onset, self._stall_cause(job, f), signals, True
+                if waiting_on_lease and not f.spin_all:
+                    return None  # train ranks wait on a rank that holds a live lease (an eval on rank 0)
+                if f.frozen_s >= self._stall_budget_s(f, mem.timing):
+                    return f.frozen_since, self._stall_cause(job, f), [str(Signal.STEPS_FROZEN)], True
+            broken = [r for r in f.expired if r.alive is not False]
+            if broken and not f.live:
+                phase = sorted({r.phase or "?" for r in broken})[0]
+                lease_end = max(r.lease_until or now for r in broken) + cfg.lease_grace_s
+                cause = "after_done" if phase == "done" else f"lease_expired:{phase}"
+                return lease_end, cause, [str(Signal.LEASE_EXPIRED)], True
+            return None
+        alive = all(r.alive is not False for r in job.ranks)
+        if not (alive and not f.writing and f.usable):
+            mem.asymmetric_since = None
+            return None
+        # a save seen in the stacks explains the spin until it ended
+        spin_since = max(f.spin_since or 0.0, mem.save_seen_at or 0.0) if f.spin_since is not None else None
+        if f.spin_all and spin_since is not None and now - spin_since >= cfg.power_only_after_s:
+            return spin_since, "spin_band_without_progress_files", [str(Signal.SPIN_BAND)], False
+        # asymmetric: most job GPUs spin while the rest do something else (a busy loop, or idle)
+        odd = [g for g in f.job_gpus if g.state is not GpuState.CHECKPOINT_OR_DEADLOCK]
+        if len(f.job_gpus) >= 2 and f.waiting and 0 < len(odd) * 2 < len(f.job_gpus):
+            mem.asymmetric_since = mem.asymmetric_since or max(
+                (g.since if g.since is not None else now) for g in f.waiting
+            )
+            if now - mem.asymmetric_since >= cfg.power_only_after_s:
+                gpus = ",".join(str(g.gpu) for g in odd)
+                return mem.asymmetric_since, f"asymmetric:gpu {gpus}", [str(Signal.ASYMMETRIC)], False
+        else:
+            mem.asymmetric_since = None
+        return None
+
+    def _stall_cause(self, job: JobView, f: _Facts) -> str:
+        if f.unseen and f.spin_all:
+            return "waiting_on_other_nodes"
+        if f.unmapped and not f.gpus_inferred:
+            return "gpus_unmapped"
+        if not f.usable:
+            return "no_gpu_telemetry" if not f.job_gpus else "gpus_unreadable"
+        if f.spin_all and not f.spin_strong:
+            return "gpus_unmapped" if f.gpus_inferred else "utilization_unreadable"
+        if f.first is not None:
+            return f"first_step:{f.first}"
+        return "steps_frozen"
+
+    def _why_not(self, job: JobView, f: _Facts) -> str | None:
+        """Why a job without progress is not (yet) called hung: the limit that stops the proof."""
+        veto = self._vetoed(f)
+        if veto:
+            return veto
+        if not job.has_progress:
+            return "no progress files: power alone cannot tell a hang from a save elsewhere"
+        if f.unseen and job.lease_scope != "job":
+            return f"{f.unseen} rank(s) on other nodes and the trainer does not announce phases job-wide"
+        if not f.usable:
+            return "no usable GPU telemetry for this job's GPUs"
+        if f.spin_all and not f.spin_strong:
+            return "the spin band rests on power alone (GPUs unmapped or utilisation unreadable)"
+        return None
+
+    # -- evidence ---------------------------------------------------------------------------------
+    def _findings(self, now: float, job: JobView, f: _Facts, mem: _JobMemory) -> list[Finding]:
+        out: list[Finding] = []
+        rk = lambda rs: tuple(r.rank for r in rs)  # noqa: E731
+        if f.train and f.frozen_since is not None:
+            if f.frozen_s >= min(self._fast_budget_s(f, mem.timing, remote=f.unseen > 0), 60.0):
+                out.append(
+                    hang(
+                        Signal.STEPS_FROZEN,
+                        f"no train rank advanced for {f.frozen_s:.0f} s (step interval {f.interval_s:.1f} s)",
+                        f.frozen_since,
+                        ranks=rk(f.train),
+                    )
+                )
+            elif f.frozen_s < 2 * f.interval_s:
+                out.append(progress(Signal.STEPS_ADVANCING, "steps advance", f.frozen_since))
+        if f.spin_all:
+            gpus = tuple(g.gpu for g in f.job_gpus)
+            if f.spin_strong:
+                out.append(hang(Signal.SPIN_BAND, "every job GPU in the spin band", f.spin_since, gpus=gpus))
+            else:
+                out.append(context(Signal.SPIN_BAND, "spin band from power alone", f.spin_since, gpus=gpus))
+        if f.working:
+            out.append(
+                progress(
+                    Signal.GPUS_WORKING,
+                    "GPUs in the compute or communication band",
+                    gpus=tuple(g.gpu for g in f.working),
+                )
+            )
+        disagree = [r for r in f.live if r.phase in ("epoch_end", "checkpoint", "eval")]
+        if disagree and f.train:
+            phases = ", ".join(sorted({r.phase or "" for r in disagree}))
+            out.append(
+                hang(
+                    Signal.PHASE_DISAGREEMENT,
+                    f"ranks in {phases} while others are in train",
+                    ranks=rk(disagree),
+                )
+            )
+        if f.live:
+            out.append(progress(Signal.LIVE_LEASE, "live leases", ranks=rk(f.live)))
+        if f.expired:
+            phases = ", ".join(sorted({r.phase or "" for r in f.expired}))
+            out.append(hang(Signal.LEASE_EXPIRED, f"{phases} lease outlived", ranks=rk(f.expired)))
+        if f.nvlink_frozen is not None and f.spin_all:
+            out.append(hang(Signal.NVLINK_FROZEN, "NVLink counters frozen on every job GPU", f.nvlink_frozen))
+        if f.writing:
+            out.append(progress(Signal.WRITES, f"{f.writes:.0f} bytes written recently"))
+        elif f.train or f.spin_all:
+            out.append(context(Signal.NO_WRITES, "nothing written recently"))
+        if f.reading:
+            out.append(progress(Signal.READS, f"{f.reads:.0f} bytes read recently"))
+        if f.stopped:
+            out.append(progress(Signal.RANKS_STOPPED, "ranks stopped (suspended)", ranks=rk(f.stopped)))
+        if f.dstate:
+            out.append(progress(Signal.RANKS_IN_D_STATE, "ranks waiting on storage", ranks=rk(f.dstate)))
+        if not job.has_progress:
+            out.append(context(Signal.NO_PROGRESS_FILES, "no progress files: power and processes only"))
+        if not f.usable and not f.lost:
+            out.append(context(Signal.NO_GPU_TELEMETRY, "no usable GPU telemetry for this job"))
+        if f.unseen:
+            detail = f"{f.unseen} of {job.world_size} ranks run on other nodes"
+            out.append(context(Signal.UNSEEN_RANKS, detail))
+        if f.gpus_inferred or f.unmapped:
+            out.append(context(Signal.GPUS_UNMAPPED, "no rank is tied to a GPU"))
+        if any(not g.util_known for g in f.job_gpus):
+            out.append(context(Signal.UTILIZATION_UNREADABLE, "utilisation unreadable: power-only states"))
+        if f.first is not None:
+            out.append(context(Signal.FIRST_STEP, f"first step {f.first}"))
+        for u in job.untrusted:
+            out.append(context(Signal.UNTRUSTED_PROGRESS_FILE, str(u.get("reason", "")), since=None))
+        out.extend(stack_findings(now, f.stacks, self.config.stacks()))
+        ras = job.ras
+        if ras is not None and ras.counts_frozen_since is not None:
+            detail = "NCCL RAS: no collective launched on the job's communicators between polls"
+            out.append(hang(Signal.NCCL_COUNTS_FROZEN, detail, ras.counts_frozen_since))
+        if ras is not None and (ras.missing or ras.behind):
+            named = [f"missing {r.name()}" for r in ras.missing] + [f"behind {r.name()}" for r in ras.behind]
+            ranks = tuple(r.rank for r in (*ras.missing, *ras.behind) if r.rank is not None)
+            out.append(hang(Signal.NCCL_MISSING_RANKS, "NCCL RAS: " + "; ".join(named[:16]), ranks=ranks))
+        return out
+
+    def _evidence(
+        self, job: JobView, f: _Facts, mem: _JobMemory, findings: list[Finding], d: _Decision
+    ) -> dict[str, Any]:
+        evidence: dict[str, Any] = {
+            "gpus": [g.gpu for g in f.job_gpus],
+            "gpus_inferred": f.gpus_inferred,
+            "gpu_states": {str(g.gpu): str(g.state) for g in f.job_gpus},
+            "spin_band_since": f.spin_since,
+            "steps": {str(r.rank): r.step for r in job.ranks if r.step is not None},
+            "phases": {str(r.rank): r.phase for r in job.ranks if r.phase is not None},
+            "steps_frozen_since": f.frozen_since if job.has_progress else None,
+            "step_interval_s": round(f.interval_s, 3),
+            "first_step": str(f.first) if f.first is not None else None,
+            "bytes_written_recently": f.writes,
+            "bytes_read_recently": f.reads,
+            "live_leases": {str(r.rank): r.lease_until for r in f.live},
+            "expired_leases": {str(r.rank): r.lease_until for r in f.expired},
+            "nvlink_frozen_since": f.nvlink_frozen,
+            "telemetry": "ok"
+            if f.usable
+            else ("lost" if f.lost else ("none" if not f.job_gpus else "partial")),
+            "coverage": {
+                "visible_ranks": len(job.ranks),
+                "world_size": job.world_size,
+                "unseen_ranks": f.unseen,
+                "lease_scope": job.lease_scope or "rank",
+            },
+            "signals": list(d.signals),
+            "kill_worthy": d.kill_worthy,
+            "findings": [x.to_dict() for x in findings],
+            "against": sorted({str(x.signal) for x in findings if x.stance is Stance.PROGRESS}),
+        }
+        if d.why_not and not d.kill_worthy:
+            evidence["not_kill_worthy_because"] = d.why_not
+        if d.cause:
+            evidence["cause"] = d.cause
+        if job.untrusted:
+            evidence["untrusted_progress_files"] = [dict(u) for u in job.untrusted]
+        if job.ras is not None:
+            evidence["nccl_ras"] = job.ras.to_dict()
+        if f.stacks is not None:
+            evidence["stacks"] = f.stacks.to_dict()
+            evidence["stacks_where"] = where(f.stacks)
+        return evidence
+
+    @staticmethod
+    def _keep_onset(mem: _JobMemory, verdict: Verdict, onset: float | None) -> float | None:
+        return mem.onset if mem.verdict is verdict and mem.onset is not None else onset
+
+    def _starvation_cause(self, job: JobView) -> str:
+        if any(r.status == "disk-sleep" for r in job.ranks):
+            return "storage_wait"
+        ratios = [r.cpu_ratio for r in job.ranks if r.cpu_ratio is not None]
+        if ratios and max(ratios) >= self.config.cpu_contention_ratio:
+            return "cpu_contention"
+        return "loader"
+
+    # -- memory ---------------------------------------------------------------------------------
+    def _learn(self, now: float, job: JobView, mem: _JobMemory) -> None:
+        """Step timing from the ranks' step changes (timed by the records), writes and reads."""
+        stepped = [r for r in job.ranks if r.step is not None]
+        leader = min((r.rank for r in stepped if r.phase == "train"), default=None)
+        for r in stepped:
+            rm = mem.ranks.setdefault(r.rank, _RankMemory())
+            at = r.step_changed_at if r.step_changed_at is not None else now
+            resumed = rm.step == 0 and (r.step or 0) > 1  # a resume jumps from 0: no interval in that
+            if (
+                rm.step is not None
+                and r.step is not None
+                and r.step > rm.step
+                and r.rank == leader
+                and not resumed
+            ):
+                since_train = r.phase_since
+                if rm.step_at is not None and (since_train is None or rm.step_at >= since_train):
+                    mem.timing.observe_interval((at - rm.step_at) / (r.step - rm.step))
+                elif since_train is not None and r.previous_phase not in (None, "train"):
+                    kind = FirstStep.AFTER_START if r.previous_phase == "init" else FirstStep.AFTER_LEASE
+                    mem.timing.observe_first_step(kind, at - since_train)
+            rm.step, rm.step_at = r.step, at
+        for r in job.ranks:
+            if r.rank not in {s.rank for s in stepped}:
+                mem.ranks.pop(r.rank, None)
+        window = self.config.write_window_s
+        written = sum(r.write_bytes_delta or 0.0 for r in job.ranks)
+        read = sum(r.read_bytes_delta or 0.0 for r in job.ranks)
+        for q, value in ((mem.writes, written), (mem.reads, read)):
+            if value > 0:
+                q.append((now, value))
+            while q and now - q[0][0] > window:
+                q.popleft()
+
+    @staticmethod
+    def _working_since(now: float, mem: _JobMemory, working: list[GpuView]) -> float | None:
+        if not working:
+            mem.working_since = None
+        elif mem.working_since is None:
+            mem.working_since = min((now if g.since is None else g.since) for g in working)
+        return mem.working_since
+
+    def _recent(self, now: float, q: deque[tuple[float, float]]) -> float:
+        return sum(b for t, b in q if now - t <= self.config.write_window_s)
+
+    @staticmethod
+    def _learn_nvlink(now: float, gpus: list[GpuView], mem: _JobMemory) -> None:
+        for g in gpus:
+            if g.nvlink_bytes is None:
+                continue
+            prev = mem.nvlink.get(g.gpu)
+            if prev is None or g.nvlink_bytes != prev[0]:
+                mem.nvlink[g.gpu] = (g.nvlink_bytes, now)
+
+    @staticmethod
+    def _nvlink_frozen_since(gpus: list[GpuView], mem: _JobMemory) -> float | None:
+        seen = [mem.nvlink[g.gpu][1] for g in gpus if g.gpu in mem.nvlink]
+        if not seen or len(seen) != len(gpus):
+            return None
+        return max(seen)
+
+
+__all__ = ["Detector", "DetectorConfig", "GpuView", "JobView", "RankView"]
+
+
+def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:
+    return tuple(
+        RankStatus(
+            rank=r.rank,
+            pid=r.pid,
+            gpu=r.gpu,
+            step=r.step,
+            phase=r.phase,
+            lease_until=r.lease_until,
+            alive=r.alive,
+            process_status=r.status,
+        )
+        for r in job.ranks
+    )
