@@ -36,6 +36,9 @@ from tests.conftest import in_ci
 
 GROUP = "wd18train"
 USERS = ("wd18alice", "wd18bob")
+A_JOB = f"ajob{os.getpid()}"
+"""User A's job name: unique per test process (the inspector sees every process on the machine, and a
+concurrent run's processes of the same user and job name would be the same job)."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,7 @@ def run_victim(
     node: Node,
     a: User,
     *,
-    job: str = "ajob",
+    job: str = A_JOB,
     ticks: int = 260,
     each_tick: Callable[[int], None] | None = None,
     ranks_env: Mapping[str, str] | None = None,
@@ -276,6 +279,7 @@ def reaped() -> Iterator[list[subprocess.Popen]]:
 
 
 __all__ = [
+    "A_JOB",
     "Node",
     "Outcome",
     "OwnedWriter",

@@ -17,6 +17,7 @@ import pytest
 
 from gpu_triage.signals import progress as progress_mod
 from tests.watchdog.shared_node import (
+    A_JOB,
     Node,
     User,
     alive,
@@ -28,6 +29,8 @@ from tests.watchdog.shared_node import (
 )
 
 pytestmark = pytest.mark.slow
+SLURM_JOB = f"slurm-{os.getpid()}"
+B_JOB = f"bjob{os.getpid()}"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,7 @@ def _mkdir_as(path: Path | bytes, user: User, mode: int = 0o2775) -> None:
     _own(path, user)
 
 
-def _assert_victim_caught(node: Node, a_pids: list[int], job: str = "ajob") -> None:
+def _assert_victim_caught(node: Node, a_pids: list[int]) -> None:
     out = node.outcome
     mine = [j for j, pids in out.sigterm_pids.items() if set(a_pids) <= set(pids)]
     assert mine, f"A's hung job was never planned for SIGTERM: {out.sigterm_pids} verdicts {out.verdicts}"
@@ -74,11 +77,11 @@ def test_item2_b_cannot_get_a_s_healthy_ranks_signalled(users, tmp_path: Path) -
     a, b = users
     node = Node(tmp_path)
     with reaped() as procs:
-        a_ranks = [spawn_rank_as(a, "slurm-4242", r, 2) for r in range(2)]
-        b_ranks = [spawn_rank_as(b, "slurm-4242", r, 2) for r in range(2)]
+        a_ranks = [spawn_rank_as(a, SLURM_JOB, r, 2) for r in range(2)]
+        b_ranks = [spawn_rank_as(b, SLURM_JOB, r, 2) for r in range(2)]
         procs.extend(a_ranks + b_ranks)
-        a_w = [node.writer(a, "slurm-4242", r, 2, p.pid) for r, p in enumerate(a_ranks)]
-        b_w = [node.writer(b, "bjob", r, 2, p.pid) for r, p in enumerate(b_ranks)]
+        a_w = [node.writer(a, SLURM_JOB, r, 2, p.pid) for r, p in enumerate(a_ranks)]
+        b_w = [node.writer(b, B_JOB, r, 2, p.pid) for r, p in enumerate(b_ranks)]
         try:
             for tick in range(260):
                 node.now = node.t0 + tick
@@ -102,14 +105,14 @@ def test_item2_b_cannot_get_a_s_healthy_ranks_signalled(users, tmp_path: Path) -
         assert not targeted & a_pids, f"A's ranks were planned for SIGTERM: {node.outcome.sigterm_pids}"
         assert all(alive(p.pid) for p in a_ranks), "A's healthy ranks were signalled"
         assert {p.pid for p in b_ranks} <= targeted, "B's own hung job should still be killed"
-        assert node.outcome.verdicts.get("slurm-4242", [])[-1:] == ["healthy"], node.outcome.verdicts
+        assert node.outcome.verdicts.get(SLURM_JOB, [])[-1:] == ["healthy"], node.outcome.verdicts
 
 
 # -------------------------------------------------------------------------------- item 3: hidden
 
 
 def _squat(node: Node, b: User) -> None:
-    _mkdir_as(node.progress / "ajob", b)
+    _mkdir_as(node.progress / A_JOB, b)
 
 
 def _dirs_sorting_first(node: Node, b: User) -> None:
@@ -140,15 +143,15 @@ def test_item3_b_cannot_hide_a_s_hung_job(users, tmp_path: Path, attack: str) ->
             _mkdir_as(scratch, b, 0o755)
             loop = f"while :; do printf '%065536d' 0 > {scratch}/f; sleep 0.05; done"
             env = {"PATH": "/usr/bin:/bin", "RANK": "2", "LOCAL_RANK": "2", "WORLD_SIZE": "3"}
-            procs.append(spawn_as(b, ["/bin/sh", "-c", loop], env | {"GPU_WATCHDOG_JOB": "ajob"}))
+            procs.append(spawn_as(b, ["/bin/sh", "-c", loop], env | {"GPU_WATCHDOG_JOB": A_JOB}))
         elif attack == "stopped_joiner":
-            joiner = spawn_rank_as(b, "ajob", 2, 3)
+            joiner = spawn_rank_as(b, A_JOB, 2, 3)
             procs.append(joiner)
             os.kill(joiner.pid, signal.SIGSTOP)
 
         def move(tick: int) -> None:
             if attack == "rank_file_replaced_by_dir" and tick == 90:
-                target = node.progress / "ajob" / "rank-1.json"
+                target = node.progress / A_JOB / "rank-1.json"
                 target.unlink()  # the job directory is group-writable and has no sticky bit
                 _mkdir_as(target, b, 0o755)
 
@@ -171,7 +174,7 @@ def test_item1_b_cannot_blind_the_node_with_names(users, tmp_path: Path, caplog)
     node = Node(tmp_path, dry_run=True)
     caplog.set_level(logging.INFO)
     with reaped() as procs:
-        b_rank = spawn_rank_as(b, "bjob", 0, 1)
+        b_rank = spawn_rank_as(b, B_JOB, 0, 1)
         long_job = "\x1b[31m" + "A" * 10_000
         procs.append(b_rank)
         procs.append(spawn_rank_as(b, long_job, 0, 1))

@@ -635,8 +635,11 @@ class ProgressReader:
         if (
             cached is not None
             and cached.record is not None
-            and cached.record_uid in (0, dir_uid)
-            and st.st_uid not in (0, dir_uid)
+            and st.st_uid != 0
+            and (
+                not stat.S_ISREG(st.st_mode)  # a directory is never a rank file's next version
+                or (cached.record_uid in (0, dir_uid) and st.st_uid not in (0, dir_uid))
+            )
         ):
             # The job's own rank file was replaced by another user's entry (a directory, a file): the
             # job keeps its last word (a rank frozen since then is still seen frozen), reported.
