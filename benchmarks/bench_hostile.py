@@ -130,6 +130,9 @@ def _measure(hostile: bool, cycles: int) -> tuple[float, float, float, int]:
 
 
 def run(quick: bool = False) -> None:
+    import logging
+
+    logging.getLogger("gpu_triage.signals.progress").setLevel(logging.ERROR)  # one line per bad name
     cycles = 40 if quick else 150
     header(f"hostile progress directory: the real daemon cycle, {cycles} cycles, quiet vs hostile")
     cold_q, med_q, p99_q, _ = _measure(False, cycles)

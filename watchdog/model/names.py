@@ -43,6 +43,8 @@ def printable(value: object, limit: int = MAX_TEXT) -> str:
     """``value`` as one line of printable text, at most ``limit`` characters (escapes included; a cut
     says how many characters were left out)."""
     text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit and text.isascii() and text.isprintable():
+        return text  # the common case, at C speed
     out: list[str] = []
     size = 0
     for i, c in enumerate(text):

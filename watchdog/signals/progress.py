@@ -449,6 +449,7 @@ class ProgressReader:
         """Files actually opened and parsed (not served from the cache)."""
         self._logged: set[tuple[str, str]] = set()
         self._live_dirs: set[str] = set()
+        self._cache_paths: dict[str, Path] = {}
         self.priority: frozenset[str] = frozenset()
         """Job directory names read first (the daemon sets: jobs with live proven ranks)."""
 
@@ -490,7 +491,8 @@ class ProgressReader:
                 rank = _rank_of(entry.name)
                 if rank is None:
                     continue  # temp files of writers, anything else
-                path = Path(entry.path)
+                old = self._cache_paths.get(entry.path)
+                path = old if old is not None else Path(entry.path)
                 if isinstance(rank, str):
                     errors.append(FileError(path, rank))
                     continue
@@ -510,11 +512,13 @@ class ProgressReader:
                 seen[path] = cached
 
         self._cache = seen
+        self._cache_paths = {str(p): p for p in seen}
         jobs: dict[str, tuple[dict[int, RankProgress], dict[int, RankProgress]]] = {}
         keep: list[tuple[str, int]] = []
         untrusted: list[UntrustedFile] = []
         live_dirs: set[str] = set()
-        for path, cached in sorted(seen.items()):
+        exists: dict[int, bool] = {}  # one /proc lookup per pid per cycle, however many files name it
+        for path, cached in sorted(seen.items(), key=lambda kv: str(kv[0])):
             if cached.record is None:
                 errors.append(FileError(path, cached.error or "unreadable"))
                 continue
@@ -540,7 +544,11 @@ class ProgressReader:
                 record = replace(record, job=f"{record.job}@uid{owner}")
             mark = self.tracker.observe(record)
             keep.append((record.job, record.rank))
-            alive = self._pid_exists(record.pid) if record.host == self.host else None
+            alive = None
+            if record.host == self.host:
+                if record.pid not in exists:
+                    exists[record.pid] = self._pid_exists(record.pid)
+                alive = exists[record.pid]
             reason = stale_reason(record, now_s, pid_alive=alive, stale_after_s=self.stale_after_s)
             if reason is None:
                 live_dirs.add(path.parent.name)
