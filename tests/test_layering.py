@@ -21,8 +21,8 @@ PACKAGE = "gpu_triage"
 #: Lowest first. A package may import its own modules and any package of a lower layer.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"contract", "model"}),
-    frozenset({"config", "recordings", "integrations"}),
-    frozenset({"telemetry", "classify", "signals"}),
+    frozenset({"alerts", "recordings", "integrations"}),
+    frozenset({"config", "telemetry", "classify", "signals"}),
     frozenset({"verdicts", "triage", "journal"}),
     frozenset({"actions"}),
     frozenset({"serving"}),
@@ -36,7 +36,7 @@ LAYERS: tuple[frozenset[str], ...] = (
 ROOT_NAMES = frozenset({"__version__", "DISTRIBUTION"})
 
 #: Pure layers: decisions from values, time passed in. No hardware, process, network or storage I/O.
-PURE_PACKAGES = frozenset({"model", "verdicts"})
+PURE_PACKAGES = frozenset({"model", "verdicts", "alerts"})
 PURE_MODULES = frozenset(
     {"classify.bands", "classify.hysteresis", "classify.power_table", "classify.tracker"}
 )

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ft_trainer.progress import ProgressWriter
-from gpu_triage.actions.alerts import condition_for
 from gpu_triage.actions.engine import ActionEngine
 from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.alerts.model import condition_for
 from gpu_triage.classify.tracker import GpuTracker
 from gpu_triage.config.settings import ActionsConfig, AlertsConfig
 from gpu_triage.journal.eventstore import EventStore

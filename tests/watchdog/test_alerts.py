@@ -7,26 +7,25 @@ from dataclasses import replace
 
 import pytest
 
-from gpu_triage.actions.alerts import (
+from gpu_triage.alerts.model import (
     PAGERDUTY_DEDUP_MAX,
     PAGERDUTY_SUMMARY_MAX,
     Alert,
     Condition,
-    alertmanager_payload,
     build_alert,
     condition_for,
     dedup_key,
-    endpoint,
     gpu_hours,
     hang_signature,
-    pagerduty_payload,
-    render,
     resolve,
     rfc3339,
     runbook_url,
-    slack_payload,
-    webhook_payload,
 )
+from gpu_triage.alerts.registry import endpoint, render
+from gpu_triage.alerts.sinks.alertmanager import alertmanager_payload
+from gpu_triage.alerts.sinks.pagerduty import pagerduty_payload
+from gpu_triage.alerts.sinks.slack import slack_payload
+from gpu_triage.alerts.sinks.webhook import webhook_payload
 from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE
 from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import KILL_WORTHY_VERDICTS, GpuState, Verdict

@@ -206,7 +206,8 @@ url = "http://x"
     )
     assert [p.removeprefix(f"{path}: ") for p in problems(path)] == [
         "alerts.sinks[0].url: expected exactly one of url and url_file for a slack sink, got nothing",
-        "alerts.sinks[1].routing_key_file: expected a path (PagerDuty needs a routing key), got nothing",
+        "alerts.sinks[1].routing_key_file: expected a path (a pagerduty sink needs a routing key), "
+        "got nothing",
         "alerts.sinks[2].timout_s: unknown key (did you mean 'timeout_s'?)",
         "alerts.sinks[3].kind: expected one of webhook, alertmanager, pagerduty, slack, got nothing",
     ]

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from gpu_triage.actions.alerts import Alert, Condition, build_alert, resolve
 from gpu_triage.actions.delivery import Delivery, backoff_s
+from gpu_triage.alerts.model import Alert, Condition, build_alert, resolve
 from gpu_triage.config.settings import AlertsConfig, SinkConfig
 from gpu_triage.journal.eventstore import EventStore
 from tests.conftest import require_binary

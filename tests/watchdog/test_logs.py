@@ -17,9 +17,9 @@ import pytest
 
 from gpu_triage.journal.logs import (
     LOGGER_NAME,
-    Event,
     EventKind,
     EventLog,
+    LogLine,
     RateLimiter,
     configure,
     format_json,
@@ -57,7 +57,7 @@ def captured() -> Iterator[tuple[EventLog, list[logging.LogRecord], Clock]]:
 
 
 def test_text_line_is_one_line_with_key_values() -> None:
-    event = Event(
+    event = LogLine(
         EventKind.VERDICT,
         "qwen3-32b-ft",
         "healthy -> deadlock_suspected",

@@ -2,7 +2,7 @@
 
 Modules, each small and named for what it holds:
 
-- :mod:`gpu_triage.actions.alerts` - the alert model, dedup keys and one payload builder per sink (pure);
+- :mod:`gpu_triage.alerts.model` - the alert model, dedup keys and one payload builder per sink (pure);
 - :mod:`gpu_triage.actions.delivery` - the durable outbox worker: HTTP POST per sink with timeouts,
   exponential backoff with jitter, surviving restarts through the event store's ``outbox`` table;
 - :mod:`gpu_triage.actions.evidence` - the evidence bundle (py-spy, nvidia-smi, NCCL RAS, flight

@@ -40,7 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_triage.actions.alerts import ALERT_NAMES, Alert, endpoint, render
+from gpu_triage.alerts.model import ALERT_NAMES, Alert
+from gpu_triage.alerts.registry import sink_kind
+from gpu_triage.alerts.sinks.protocol import RenderContext
 from gpu_triage.config.settings import AlertsConfig, ConfigError, SinkConfig, load_secret
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, OutboxItem, StoreError
@@ -219,7 +221,7 @@ class SinkSender:
             if not self._url.startswith(("http://", "https://")):
                 self._url = None
                 raise ConfigError([f"{self.sink.url_file}: the URL file does not hold an http(s) URL"])
-        if self.sink.kind == "pagerduty" and self._routing_key is None:
+        if sink_kind(self.sink.kind).needs_routing_key and self._routing_key is None:
             assert self.sink.routing_key_file is not None
             self._routing_key = load_secret(self.sink.routing_key_file, "PagerDuty routing key")
         return self._url, self._routing_key
@@ -227,17 +229,12 @@ class SinkSender:
     def post(self, alert: Alert, now: float) -> PostResult:
         try:
             url, routing_key = self._secrets()
-            body = render(
-                self.sink.kind,
-                alert,
-                now=now,
-                resend_interval_s=self.alerts.resend_interval_s,
-                routing_key=routing_key,
-                generator_url=self.generator_url,
-            )
+            kind = sink_kind(self.sink.kind)
+            context = RenderContext(now, self.alerts.resend_interval_s, routing_key, self.generator_url)
+            body = kind.payload(alert, context)
         except (ConfigError, ValueError) as e:
             return PostResult(False, None, False, f"sink {self.sink.name}: {e}", 0.0)
-        return post_json(endpoint(self.sink.kind, url), body, timeout_s=self.sink.timeout_s)
+        return post_json(kind.endpoint(url), body, timeout_s=self.sink.timeout_s)
 
 
 @dataclass(slots=True)

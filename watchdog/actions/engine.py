@@ -49,17 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_triage.actions.alerts import (
-    Alert,
-    Condition,
-    build_alert,
-    condition_for,
-    gpu_hours,
-    hang_signature,
-    jsonable,
-    resolve,
-    rfc3339,
-)
 from gpu_triage.actions.delivery import Delivery
 from gpu_triage.actions.evidence import (
     FLIGHT_RECORDER_WAIT_S,
@@ -87,6 +76,18 @@ from gpu_triage.actions.kill import (
 )
 from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, cancel_id
+from gpu_triage.alerts.model import (
+    Alert,
+    Condition,
+    build_alert,
+    condition_for,
+    gpu_hours,
+    hang_signature,
+    jsonable,
+    resolve,
+    rfc3339,
+)
+from gpu_triage.alerts.registry import sink_kind
 from gpu_triage.config.settings import ActionsConfig, AlertsConfig
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
@@ -113,7 +114,7 @@ KV_SIGNATURES = "actions.hang_signatures"
 # Worker thread
 
 
-class _Worker:
+class _OrderedWorker:
     """One daemon thread running submitted callables in order."""
 
     def __init__(self, name: str) -> None:
@@ -290,7 +291,7 @@ class ActionEngine:
         self._started = False
         self._closed = False
         self._mode = actions.mode
-        self._am_sinks = tuple(s.name for s in alerts.sinks if s.kind == "alertmanager")
+        self._am_sinks = tuple(s.name for s in alerts.sinks if sink_kind(s.kind).resends_active)
         self._kill_times: list[float] = [
             float(t) for t in self._kv_get(KV_KILLS, []) if isinstance(t, (int, float))
         ]
@@ -302,8 +303,8 @@ class ActionEngine:
                 self._limbo[key] = Alert.from_dict(value)
             except (TypeError, ValueError) as e:
                 log.warning("dropping unreadable persisted alert %s: %s", key, e)
-        self._capture_worker = _Worker("evidence-capture")
-        self._kill_worker = _Worker("kill-executor")
+        self._capture_worker = _OrderedWorker("evidence-capture")
+        self._kill_worker = _OrderedWorker("kill-executor")
         self.delivery.start()
         self.sink_problems = self.delivery.problems()
         for problem in self.sink_problems:

@@ -9,10 +9,11 @@ below the checkpoint band's ``power_max`` checkpoint_or_deadlock, below compute 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
-from gpu_triage.classify.power_table import BAND_ORDER, PowerTable
+from gpu_triage.classify.power_table import BAND_ORDER, Box, PowerTable
 from gpu_triage.model.states import GPU_STATES, GpuState
 
 #: Integer codes of states in arrays: index into GPU_STATES.
@@ -20,11 +21,11 @@ CODE: dict[GpuState, int] = {s: i for i, s in enumerate(GPU_STATES)}
 UNKNOWN_CODE = CODE[GpuState.UNKNOWN]
 
 
-def _in_boxes(p: float, u: float, boxes) -> bool:
+def _in_boxes(p: float, u: float, boxes: Sequence[Box]) -> bool:
     return any(b[0] <= p < b[1] and b[2] <= u < b[3] for b in boxes)
 
 
-def _mask(power_frac: np.ndarray, util: np.ndarray, boxes) -> np.ndarray:
+def _mask(power_frac: np.ndarray, util: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
     out = np.zeros(power_frac.shape, dtype=bool)
     with np.errstate(invalid="ignore"):
         for lo_p, hi_p, lo_u, hi_u in boxes:
@@ -96,7 +97,7 @@ def stays_mask(
 ) -> np.ndarray:
     """Vectorised :func:`stays_in` (``raw`` from :func:`raw_states`, reused for the power-only case)."""
     if state is GpuState.UNKNOWN:
-        return np.isnan(power_frac)
+        return np.asarray(np.isnan(power_frac))
     inside = _mask(power_frac, util, table.bands[state].exit_boxes())
     po = np.isnan(util) & ~np.isnan(power_frac)
     return np.where(po, raw == CODE[state], inside)

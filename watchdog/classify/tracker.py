@@ -22,7 +22,7 @@ from gpu_triage.model.states import GpuState
 
 def _edge(table: PowerTable, state: GpuState, key: str, limit_w: float | None) -> float | None:
     """A band edge in watts (None without a limit or for an open edge)."""
-    fraction = getattr(table.bands[state], key)
+    fraction = float(getattr(table.bands[state], key))
     if not limit_w or not math.isfinite(fraction):
         return None
     return fraction * limit_w

@@ -242,7 +242,7 @@ class RankAt:
 
 
 @dataclass(frozen=True)
-class JobView:
+class ClusterJob:
     job: str
     verdicts: dict[str, str]
     """Node label -> verdict."""
@@ -279,7 +279,7 @@ class ClusterView:
     time: float
     nodes: tuple[NodeView, ...]
     spin_order: tuple[SpinEntry, ...]
-    jobs: tuple[JobView, ...]
+    jobs: tuple[ClusterJob, ...]
     warnings: tuple[str, ...] = ()
 
     @property
@@ -357,7 +357,7 @@ def _spin_json(entry: SpinEntry) -> dict[str, Any]:
     }
 
 
-def _job_json(job: JobView) -> dict[str, Any]:
+def _job_json(job: ClusterJob) -> dict[str, Any]:
     return {
         "job": job.job,
         "verdicts": dict(job.verdicts),
@@ -432,7 +432,7 @@ def _node_view(fetched: Fetched, label: str) -> NodeView:
     )
 
 
-def _job_views(fetched: Sequence[Fetched], labels: Sequence[str]) -> tuple[JobView, ...]:
+def _job_views(fetched: Sequence[Fetched], labels: Sequence[str]) -> tuple[ClusterJob, ...]:
     verdicts: dict[str, dict[str, str]] = {}
     ranks: dict[str, list[RankAt]] = {}
     for f, label in zip(fetched, labels, strict=True):
@@ -465,7 +465,7 @@ def _job_views(fetched: Sequence[Fetched], labels: Sequence[str]) -> tuple[JobVi
         for rank in pooled:
             phases.setdefault(rank.phase or "unknown", []).append(rank.rank)
         views.append(
-            JobView(
+            ClusterJob(
                 job=name,
                 verdicts=verdicts[name],
                 ranks=len(seen),

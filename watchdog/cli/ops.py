@@ -38,7 +38,7 @@ Check the result with `promtool check rules FILE`. Exit status: 0 written, 2 bad
 """
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``check-config`` and ``render-rules`` on the ``gpu-watchdog`` sub-parsers."""
     c = sub.add_parser(
         "check-config",

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from gpu_triage.alerts.registry import SINK_KINDS
 from gpu_triage.model.limits import MAX_CONFIG_BYTES, InputTooLarge, read_regular_file
 from gpu_triage.model.states import GpuState, Mode
 
@@ -46,8 +47,6 @@ ENV_PREFIX = "GPU_WATCHDOG_"
 MAX_SECRET_BYTES = 64 * 1024
 ENV_SEPARATOR = "__"
 SOURCE_NAMES = ("auto", "nvml", "sim", "none")
-SINK_KINDS = ("webhook", "alertmanager", "pagerduty", "slack")
-PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
 
 class ConfigError(ValueError):
@@ -698,13 +697,17 @@ def _check_sinks(value: Any, origin: str, errors: _Collector) -> tuple[SinkConfi
         if sink.name in names:
             errors.add(origin, f"{prefix}.name", "a name no other sink has", sink.name)
         names.add(sink.name)
-        if sink.kind == "pagerduty":
-            if sink.routing_key_file is None:
-                errors.add(
-                    origin, f"{prefix}.routing_key_file", "a path (PagerDuty needs a routing key)", MISSING
-                )
-            if sink.url is None:
-                sink = dataclasses.replace(sink, url=PAGERDUTY_EVENTS_URL)
+        kind = SINK_KINDS[sink.kind]
+        if kind.needs_routing_key and sink.routing_key_file is None:
+            errors.add(
+                origin,
+                f"{prefix}.routing_key_file",
+                f"a path (a {sink.kind} sink needs a routing key)",
+                MISSING,
+            )
+        if kind.default_url is not None:
+            if sink.url is None and sink.url_file is None:
+                sink = dataclasses.replace(sink, url=kind.default_url)
         elif (sink.url is None) == (sink.url_file is None):
             errors.add(
                 origin,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_triage.config.settings import ConfigError, load_config, override, resolve_config_path
+from gpu_triage.model.snapshot import Snapshot
 
 log = logging.getLogger("gpu_watchdog")
 
@@ -76,7 +77,7 @@ def run_daemon(options: RunOptions) -> int:
         source.start_s = options.sim_start_s
     last_print = [0.0]
 
-    def print_summary(snap) -> None:
+    def print_summary(snap: Snapshot) -> None:
         if snap.time - last_print[0] >= 1.0:
             last_print[0] = snap.time
             print(summary_line(snap), flush=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gpu_triage.contract import LeasePolicy
 from gpu_triage.integrations.loop import Progress
@@ -51,7 +51,7 @@ def watch(
     :meth:`~Progress.step` your loop calls; calling it again returns the same one."""
     existing = accelerator.__dict__.get(_ATTR)
     if existing is not None:
-        return existing
+        return cast(Progress, existing)
     progress = Progress.for_rank(
         job,
         int(accelerator.process_index),

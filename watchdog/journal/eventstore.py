@@ -107,7 +107,7 @@ class StoreError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class StoredEvent:
     id: int
     time_s: float
     kind: str
@@ -648,7 +648,7 @@ class EventStore:
                 self._readers.append(db)
         return local.db  # type: ignore[no-any-return]
 
-    def since(self, after_id: int = 0, limit: int = 100) -> list[Event]:
+    def since(self, after_id: int = 0, limit: int = 100) -> list[StoredEvent]:
         """Events with id greater than ``after_id``, oldest first, at most ``limit`` (1..10000).
         Safe from any thread. Raises :class:`StoreError` if the file cannot be read."""
         limit = max(1, min(int(limit), 10_000))
@@ -665,7 +665,7 @@ class EventStore:
             if _is_corrupt(e):
                 self._suspect_corrupt = True  # the loop's next append verifies and replaces the file
             raise StoreError(f"cannot read events from {self.path}: {e}") from e
-        return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+        return [StoredEvent(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
 
     def last_id(self) -> int:
         """The id of the newest event (0 when empty)."""

@@ -1,6 +1,6 @@
 """One structured log line per thing an operator must be able to find in ``journalctl -u gpu-watchdog``.
 
-Five kinds of :class:`Event`, each written as exactly one line where it happens:
+Five kinds of :class:`LogLine`, each written as exactly one line where it happens:
 
 - ``verdict`` - a job's verdict changed (the daemon's detect step);
 - ``evidence`` - an evidence bundle was written, or its capture failed (the action engine);
@@ -82,7 +82,7 @@ _ACTION_FIELDS = (
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class LogLine:
     """One line's content. ``summary`` is the human part (``healthy -> deadlock_suspected``); ``fields``
     are the key=value facts, in order; ``level`` a logging level."""
 
@@ -118,7 +118,7 @@ def _scalar(value: Any) -> str:
     return f'"{text}"' if (" " in text or "=" in text) else (text or '""')
 
 
-def format_text(event: Event) -> str:
+def format_text(event: LogLine) -> str:
     """``kind job=JOB summary key=value ...`` on one line."""
     parts = [str(event.kind)]
     if event.job is not None:
@@ -141,7 +141,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def event_dict(event: Event) -> dict[str, Any]:
+def event_dict(event: LogLine) -> dict[str, Any]:
     """The JSON fields of an event (no time/level: the formatter adds those)."""
     out: dict[str, Any] = {"event": str(event.kind)}
     if event.job is not None:
@@ -152,7 +152,7 @@ def event_dict(event: Event) -> dict[str, Any]:
     return out
 
 
-def format_json(event: Event) -> str:
+def format_json(event: LogLine) -> str:
     return json.dumps(event_dict(event), separators=(",", ":"), sort_keys=False)
 
 
@@ -170,7 +170,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
         }
         event = getattr(record, "gpu_watchdog_event", None)
-        if isinstance(event, Event):
+        if isinstance(event, LogLine):
             out |= event_dict(event)
             out["message"] = format_text(event)
         else:
@@ -263,7 +263,7 @@ class RateLimiter:
 
 
 class EventLog:
-    """Writes :class:`Event` lines to a logger, rate-limited per (kind, job, stream)."""
+    """Writes :class:`LogLine` lines to a logger, rate-limited per (kind, job, stream)."""
 
     def __init__(
         self,
@@ -276,7 +276,7 @@ class EventLog:
         self.clock = clock
         self._lock = threading.Lock()
 
-    def emit(self, event: Event, stream: str = "") -> bool:
+    def emit(self, event: LogLine, stream: str = "") -> bool:
         """Log ``event`` unless its stream is over its rate; True when a line was written."""
         key = (str(event.kind), event.job or "", stream)
         with self._lock:
@@ -284,7 +284,7 @@ class EventLog:
         if not allowed:
             return False
         if suppressed:
-            event = Event(
+            event = LogLine(
                 event.kind,
                 event.job,
                 event.summary,
@@ -316,7 +316,7 @@ class EventLog:
             fields["kill_worthy"] = kill_worthy
         summary = f"{old or 'new'} -> {new or 'gone'}"
         level = logging.WARNING if new and new.startswith("deadlock") else logging.INFO
-        return self.emit(Event(EventKind.VERDICT, job, summary, fields, level))
+        return self.emit(LogLine(EventKind.VERDICT, job, summary, fields, level))
 
     def action(self, record: Mapping[str, Any]) -> bool:
         """An action engine record (``{action, result, job, ...}``): an ``evidence``, ``kill`` or
@@ -331,25 +331,27 @@ class EventLog:
                     "items_ok": f"{record.get('ok_items')}/{record.get('items')}",
                     "duration_s": record.get("duration_s"),
                 }
-                return self.emit(Event(EventKind.EVIDENCE, job, "bundle written", fields))
+                return self.emit(LogLine(EventKind.EVIDENCE, job, "bundle written", fields))
             if result == "error":
                 fields = {"path": record.get("path"), "error": record.get("error")}
-                return self.emit(Event(EventKind.EVIDENCE, job, "capture failed", fields, logging.ERROR))
+                return self.emit(LogLine(EventKind.EVIDENCE, job, "capture failed", fields, logging.ERROR))
             return False
         if action not in KILL_ACTIONS:
             return False
         details = {k: record[k] for k in _ACTION_FIELDS if record.get(k) not in (None, [], "")}
         if result in REFUSAL_RESULTS:
-            return self.emit(Event(EventKind.REFUSAL, job, f"no {action}: {result}", details), stream=action)
+            return self.emit(
+                LogLine(EventKind.REFUSAL, job, f"no {action}: {result}", details), stream=action
+            )
         level = logging.ERROR if result == "error" else logging.WARNING
-        return self.emit(Event(EventKind.KILL, job, f"{action} {result}", details, level), stream=action)
+        return self.emit(LogLine(EventKind.KILL, job, f"{action} {result}", details, level), stream=action)
 
     def delivery(self, alert_name: str, job: str | None, status: str, outcome: str, **fields: Any) -> bool:
         """An alert delivery outcome: ``delivered``, ``rejected`` or ``retrying``."""
         level = {"rejected": logging.ERROR, "retrying": logging.WARNING}.get(outcome, logging.INFO)
         summary = f"{alert_name} {status} {outcome}"
         return self.emit(
-            Event(EventKind.ALERT_DELIVERY, job, summary, fields, level),
+            LogLine(EventKind.ALERT_DELIVERY, job, summary, fields, level),
             stream=f"{fields.get('sink', '')}:{outcome}",
         )
 

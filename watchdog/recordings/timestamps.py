@@ -18,6 +18,8 @@ because triage reports times relative to the first sample).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -149,7 +151,9 @@ def _parse_uniform(data: np.ndarray, n: int, width: int) -> tuple[np.ndarray, np
     bad = np.repeat(first_bad, run_lengths)
     if width > 19:
         bad |= matrix[:, 19] != ord(".")
-        fraction = np.zeros(n, dtype=np.int32 if width <= 28 else np.int64)
+        fraction: np.ndarray[Any, np.dtype[np.signedinteger[Any]]] = np.zeros(
+            n, dtype=np.int32 if width <= 28 else np.int64
+        )
         highest = np.zeros(n, dtype=np.uint8)
         for k in range(20, width):
             digit = matrix[:, k] - np.uint8(48)  # wraps below '0', so "> 9" catches both sides

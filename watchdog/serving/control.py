@@ -29,8 +29,8 @@ class SupportsToDict(Protocol):
 class EventsReader(Protocol):
     """The event store, read side: events with ``id > after_id``, oldest first, at most ``limit``.
     Each event is a JSON-able dict with an integer ``id``, or an object with ``to_dict()`` giving one
-    (``gpu_triage.journal.eventstore.Event``). Called from an HTTP worker thread; may raise RuntimeError (the
-    store's StoreError) when the file cannot be read, answered 503."""
+    (``gpu_triage.journal.eventstore.StoredEvent``). Called from an HTTP worker thread; may raise
+    RuntimeError (the store's StoreError) when the file cannot be read, answered 503."""
 
     def since(self, after_id: int, limit: int) -> Sequence[Mapping[str, Any]] | Sequence[SupportsToDict]: ...
 

@@ -83,7 +83,7 @@ class _Job:
         self.done.set()
 
 
-class _Worker:
+class _CallWorker:
     """A daemon thread executing the jobs of one key, in order, until stopped or abandoned."""
 
     def __init__(self, key: Hashable, name: str) -> None:
@@ -109,8 +109,8 @@ class _Worker:
 
 @dataclass(slots=True)
 class _KeyState:
-    worker: _Worker | None = None
-    abandoned: list[_Worker] = field(default_factory=list)
+    worker: _CallWorker | None = None
+    abandoned: list[_CallWorker] = field(default_factory=list)
     consecutive_overruns: int = 0
     retry_at: float = 0.0
     """Clock time before which calls fail fast (backoff after an overrun)."""
@@ -159,7 +159,7 @@ class Pending(Generic[T]):
     __slots__ = ("_job", "_refused", "_worker", "key")
 
     def __init__(
-        self, key: Hashable, job: _Job | None, worker: _Worker | None, refused: Wedged | None = None
+        self, key: Hashable, job: _Job | None, worker: _CallWorker | None, refused: Wedged | None = None
     ) -> None:
         self.key = key
         self._job = job
@@ -217,7 +217,7 @@ class DeadlineExecutor:
                 refusal = self._refusal(key, state)
                 if refusal is not None:
                     return Pending(key, None, None, refusal)
-                state.worker = _Worker(key, self._name)
+                state.worker = _CallWorker(key, self._name)
             job = _Job(fn, args, kwargs)
             worker = state.worker
             worker.jobs.put(job)
@@ -279,7 +279,7 @@ class DeadlineExecutor:
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
-    def _overran(self, key: Hashable, worker: _Worker, job: _Job) -> bool:
+    def _overran(self, key: Hashable, worker: _CallWorker, job: _Job) -> bool:
         """Abandon ``worker`` after an overrun. Returns True if the job finished in the meantime
         (a photo finish: then it counts as on time and nothing is abandoned)."""
         with self._lock:
@@ -305,7 +305,7 @@ class DeadlineExecutor:
                         )
             return False
 
-    def _returned(self, key: Hashable, worker: _Worker) -> None:
+    def _returned(self, key: Hashable, worker: _CallWorker) -> None:
         """A call came back in time (with a value or its own exception): the key is healthy again."""
         with self._lock:
             state = self._keys.get(key)

@@ -51,7 +51,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
 from gpu_triage.telemetry.deadline import DeadlineExceeded, DeadlineExecutor, KeyHealth, Wedged
@@ -74,7 +74,7 @@ def _import_pynvml() -> ModuleType:
         raise TelemetryUnavailable(
             "the NVIDIA management library binding is not installed (pip install nvidia-ml-py)"
         ) from exc
-    return pynvml
+    return cast(ModuleType, pynvml)
 
 
 def _error_name(nvml: Any, exc: BaseException) -> str:
@@ -164,7 +164,7 @@ class NvmlSource:
         outcomes = self._ex.wait_all([self._ex.submit(b.index, self._read_info, b) for b in self._boards])
         for board, outcome in zip(self._boards, outcomes, strict=True):
             if outcome.ok:
-                board.info = outcome.value
+                board.info = cast(GpuInfo, outcome.value)
 
     # -- static facts -------------------------------------------------------------------------------
 
@@ -204,10 +204,10 @@ class NvmlSource:
         if self._closed:
             raise RuntimeError("NvmlSource is closed")
         pendings = [self._ex.submit(b.index, self._read_gpu, b, now_s) for b in self._boards]
-        samples = []
+        samples: list[GpuSample] = []
         for board, outcome in zip(self._boards, self._ex.wait_all(pendings), strict=True):
             if outcome.ok:
-                samples.append(outcome.value)
+                samples.append(cast(GpuSample, outcome.value))
             else:
                 samples.append(self._failed(board, now_s, outcome.error))
         return samples

@@ -1,9 +1,10 @@
-"""The alert model, deterministic dedup keys and one payload builder per sink kind (pure).
+"""The alert model and deterministic dedup keys (pure); each receiver's wire form is a sink
+(:mod:`gpu_triage.alerts.sinks`, registered by name in :mod:`gpu_triage.alerts.registry`).
 
 An :class:`Alert` is sink-neutral: it holds what a person needs at 3 a.m. (node, job, ranks and GPUs,
 since when, the evidence, GPU-hours burned since onset, the runbook entry, the evidence bundle). It is
 what the outbox stores (as :meth:`Alert.to_dict`); the sink's wire form is rendered at delivery time
-by :func:`render`, so secrets (PagerDuty routing key, Slack URL) never reach the event store.
+by the sink, so secrets (PagerDuty routing key, Slack URL) never reach the event store.
 
 Conditions (one alert each, deduplicated by ``node:job:condition``):
 
@@ -13,25 +14,14 @@ Conditions (one alert each, deduplicated by ``node:job:condition``):
 - ``stalled``, ``slow``, ``suspended``, ``stalled_checkpoint``, ``data_starvation``, ``telemetry_lost``
   - alert only, never kill.
 
-Wire forms (``../shared/research/conventions.md``):
-
-- ``webhook``: the alert as a JSON object (:meth:`Alert.to_dict` plus ``status``);
-- ``alertmanager``: ``POST {url}/api/v2/alerts`` with a JSON array of
-  ``{labels, annotations, startsAt, endsAt[, generatorURL]}``; labels identify the alert and never
-  change within it (``alertname``, ``node``, ``training_job``, ``condition``, ``severity``,
-  ``service``: the same label names as the Prometheus rules, so one Alertmanager routing serves both);
-  a firing alert's ``endsAt`` is ``send time + 4 x resend_interval_s`` (as Prometheus does), so a dead
-  daemon's alerts expire; a resolve sends ``endsAt`` = the time it cleared;
-- ``pagerduty``: Events API v2 (``routing_key``, ``event_action`` trigger/resolve, ``dedup_key`` <= 255
-  chars, ``payload.summary`` <= 1024 chars, ``severity`` critical|error|warning|info);
-- ``slack``: incoming webhook ``{text, blocks}`` (``text`` is the notification fallback).
+Each receiver's wire form is one module in :mod:`gpu_triage.alerts.sinks` (webhook, Alertmanager v2,
+PagerDuty Events v2, Slack), registered by name in :mod:`gpu_triage.alerts.registry`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -160,7 +150,7 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _ranges(values: Sequence[int]) -> str:
+def gpu_ranges(values: Sequence[int]) -> str:
     """``[0, 1, 2, 3, 5]`` -> ``0-3,5``."""
     out: list[str] = []
     ordered = sorted(set(values))
@@ -271,8 +261,8 @@ def _summary(
     burned: float,
 ) -> str:
     steps = frozen_steps(job)
-    at = f" at step {_ranges(steps)}" if steps else ""
-    gpu_text = f"GPUs {_ranges(gpus)}" if gpus else "no GPU mapped"
+    at = f" at step {gpu_ranges(steps)}" if steps else ""
+    gpu_text = f"GPUs {gpu_ranges(gpus)}" if gpus else "no GPU mapped"
     lasting = f"for {duration_text(now - since)}, {burned:g} GPU-h burned"
     if condition is Condition.DETERMINISTIC_HANG:
         return (
@@ -349,7 +339,7 @@ def build_alert(
         f"verdict: {job.verdict}" + (f" (cause {job.cause})" if job.cause else ""),
         f"since: {rfc3339(since)} ({duration_text(now - since)} ago)",
         f"ranks: {', '.join(_rank_text(r) for r in ranks) or 'none found'}",
-        f"GPUs: {_ranges(job_gpu_ids) or 'none mapped'}",
+        f"GPUs: {gpu_ranges(job_gpu_ids) or 'none mapped'}",
         f"GPU-hours burned since onset: {burned:g}",
         f"signals: {', '.join(signals) or 'none'}",
         *([f"stacks: {job.evidence['stacks_where']}"] if job.evidence.get("stacks_where") else []),
@@ -392,13 +382,13 @@ def _rank_text(r: Mapping[str, Any]) -> str:
         parts.append(f"gpu {r['gpu']}")
     if r.get("step") is not None:
         parts.append(f"step {r['step']}")
-    pod = _pod_text(r)
+    pod = pod_text(r)
     if pod:
         parts.append(f"pod {pod}")
     return " ".join(parts)
 
 
-def _pod_text(r: Mapping[str, Any]) -> str:
+def pod_text(r: Mapping[str, Any]) -> str:
     """``namespace/pod[/container]`` of a rank in a Kubernetes pod, else its pod UID, else ""."""
     pod = r.get("pod")
     if not isinstance(pod, Mapping):
@@ -436,156 +426,5 @@ def resolve(alert: Alert, now: float, reason: str) -> Alert:
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# Wire forms.
-
-
-def webhook_payload(alert: Alert) -> dict[str, Any]:
-    return {"version": "1", "source": SOURCE, **alert.to_dict()}
-
-
-def alertmanager_payload(
-    alerts: Sequence[Alert], *, now: float, resend_interval_s: float, generator_url: str | None = None
-) -> list[dict[str, Any]]:
-    """The body of ``POST /api/v2/alerts``."""
-    out = []
-    for a in alerts:
-        condition = Condition(a.condition)
-        ends = a.ends_at if a.ends_at is not None else now + ALERTMANAGER_EXPIRY_RESENDS * resend_interval_s
-        annotations = {
-            "summary": a.summary,
-            "description": a.description,
-            "runbook_url": a.runbook,
-            "verdict": a.verdict,
-            "onset": rfc3339(a.starts_at),
-            "gpu_hours": f"{a.gpu_hours:g}",
-            "ranks": ",".join(str(r["rank"]) for r in a.ranks),
-            "pids": ",".join(str(r["pid"]) for r in a.ranks if r.get("pid") is not None),
-            "pods": ",".join(sorted({_pod_text(r) for r in a.ranks} - {""})),
-            "gpus": _ranges(a.gpus),
-            "signals": ",".join(a.signals),
-            "evidence": json.dumps(a.evidence, sort_keys=True, separators=(",", ":")),
-            "stacks": str(a.evidence.get("stacks_where") or ""),
-            "bundle": a.bundle or "",
-        }
-        item: dict[str, Any] = {
-            "labels": {
-                "alertname": ALERT_NAMES[condition],
-                "node": a.node,
-                "training_job": a.job,
-                "condition": a.condition,
-                "severity": LABEL_SEVERITY[condition],
-                "service": SOURCE,
-            },
-            "annotations": {k: v for k, v in annotations.items() if v != ""},
-            "startsAt": rfc3339(min(a.starts_at, ends)),
-            "endsAt": rfc3339(ends),
-        }
-        if generator_url:
-            item["generatorURL"] = generator_url
-        out.append(item)
-    return out
-
-
-def _truncate(text: str, limit: int) -> str:
+def truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def pagerduty_payload(alert: Alert, routing_key: str) -> dict[str, Any]:
-    """An Events API v2 event: trigger while firing, resolve once cleared."""
-    if not alert.firing:
-        return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": alert.dedup_key}
-    event: dict[str, Any] = {
-        "routing_key": routing_key,
-        "event_action": "trigger",
-        "dedup_key": alert.dedup_key,
-        "payload": {
-            "summary": _truncate(alert.summary, PAGERDUTY_SUMMARY_MAX),
-            "source": alert.node,
-            "severity": alert.severity,
-            "timestamp": rfc3339(alert.time),
-            "component": alert.job,
-            "group": alert.node,
-            "class": alert.condition,
-            "custom_details": {
-                "verdict": alert.verdict,
-                "since": rfc3339(alert.starts_at),
-                "ranks": list(alert.ranks),
-                "gpus": list(alert.gpus),
-                "gpu_hours_burned": alert.gpu_hours,
-                "signals": list(alert.signals),
-                "evidence": alert.evidence,
-                "runbook": alert.runbook,
-                "evidence_bundle": alert.bundle,
-                "actions": alert.actions,
-            },
-        },
-        "client": SOURCE,
-    }
-    if alert.runbook.startswith(("http://", "https://")):
-        event["links"] = [{"href": alert.runbook, "text": "Runbook"}]
-    return event
-
-
-def slack_payload(alert: Alert) -> dict[str, Any]:
-    """An incoming-webhook message: ``text`` (notification fallback) and ``blocks``."""
-    icon = ":rotating_light:" if alert.firing else ":white_check_mark:"
-    text = f"{icon} [{alert.severity}] {alert.summary}"
-    fields = [
-        f"*Node*\n{alert.node}",
-        f"*Job*\n{alert.job}",
-        f"*Verdict*\n{alert.verdict}",
-        f"*Since*\n{rfc3339(alert.starts_at)}",
-        f"*Ranks*\n{', '.join(str(r['rank']) for r in alert.ranks) or '-'}",
-        f"*GPUs*\n{_ranges(alert.gpus) or '-'}",
-        f"*GPU-hours burned*\n{alert.gpu_hours:g}",
-        f"*Signals*\n{', '.join(alert.signals) or '-'}",
-    ]
-    context = f"Runbook: {alert.runbook}"
-    if alert.bundle:
-        context += f" | Evidence: {alert.bundle}"
-    return {
-        "text": _truncate(text, SLACK_SECTION_MAX),
-        "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": _truncate(text, SLACK_SECTION_MAX)}},
-            {"type": "section", "fields": [{"type": "mrkdwn", "text": _truncate(f, 1900)} for f in fields]},
-            {
-                "type": "context",
-                "elements": [{"type": "mrkdwn", "text": _truncate(context, SLACK_SECTION_MAX)}],
-            },
-        ],
-    }
-
-
-def render(
-    kind: str,
-    alert: Alert,
-    *,
-    now: float,
-    resend_interval_s: float,
-    routing_key: str | None = None,
-    generator_url: str | None = None,
-) -> Any:
-    """The JSON body for a sink of ``kind`` (``webhook``, ``alertmanager``, ``pagerduty``, ``slack``)."""
-    if kind == "alertmanager":
-        return alertmanager_payload(
-            [alert], now=now, resend_interval_s=resend_interval_s, generator_url=generator_url
-        )
-    if kind == "pagerduty":
-        if not routing_key:
-            raise ValueError("a PagerDuty sink needs a routing key")
-        return pagerduty_payload(alert, routing_key)
-    if kind == "slack":
-        return slack_payload(alert)
-    if kind == "webhook":
-        return webhook_payload(alert)
-    raise ValueError(f"unknown sink kind {kind!r}")
-
-
-def endpoint(kind: str, url: str) -> str:
-    """Where a sink's POST goes: Alertmanager's ``{url}/api/v2/alerts`` (unless ``url`` already names
-    it); every other kind posts to ``url`` itself."""
-    if kind == "alertmanager":
-        base = url.rstrip("/")
-        return base if base.endswith("/api/v2/alerts") else f"{base}/api/v2/alerts"
-    return url

@@ -1,0 +1,1 @@
+"""One module per receiver kind, each a :class:`~gpu_triage.alerts.sinks.protocol.SinkKind`."""
