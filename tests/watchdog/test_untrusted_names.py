@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -151,9 +152,29 @@ def test_events_since_beyond_any_id_is_a_client_error(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------- identity (items 2 and 3)
 
 
-def _cand(pid: int, job: str, uid: int, created: float, proof=("rank_env",), scope=None) -> Candidate:
-    return Candidate(pid, 1, job, 0, 0, 1, None, (), "environ", proof=proof, uid=uid, scope=scope,
-                     create_time=created)  # fmt: skip
+def _cand(
+    pid: int, job: str, uid: int, created: float, proof=("rank_env",), scope=None, sid=None, ppid=1
+) -> Candidate:
+    return Candidate(pid, ppid, job, 0, 0, 1, None, (), "environ", proof=proof, uid=uid, scope=scope,
+                     create_time=created, sid=sid)  # fmt: skip
+
+
+def test_a_progress_file_names_its_own_process_tree_not_a_same_named_job_elsewhere() -> None:
+    """The same user runs two jobs whose environment says the same name; a progress file claims a
+    rank of one: its session and parent siblings follow the claim, the other job stays apart."""
+    claimed = _cand(10, "qwen", 0, 100.0, proof=("rank_env", "progress_file"), sid=10, ppid=9)
+    sibling = _cand(11, "qwen", 0, 100.0, sid=10, ppid=9)
+    elsewhere = _cand(20, "qwen", 0, 50.0, sid=20, ppid=19)
+    claimed = replace(claimed, job="qwen-ft")
+    renames = {("qwen", 0, None): "qwen-ft"}
+    trees = {("qwen", 0, None): {("sid", 10), ("ppid", 9)}}
+    named = {c.pid: c.job for c in name_groups([claimed, sibling, elsewhere], renames, trees)}
+    assert named == {10: "qwen-ft", 11: "qwen-ft", 20: "qwen"}
+    # the progress file says the environment's name: the other job gets a name of its own
+    same = replace(claimed, job="qwen")
+    renames = {("qwen", 0, None): "qwen"}
+    named = {c.pid: c.job for c in name_groups([same, sibling, elsewhere], renames, trees)}
+    assert named == {10: "qwen", 11: "qwen", 20: "qwen@sid20"}
 
 
 def test_a_later_process_of_another_owner_never_takes_a_running_jobs_name() -> None:

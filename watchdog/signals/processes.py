@@ -180,6 +180,8 @@ class Candidate:
     """Its kernel-level job identity (:func:`kernel_scope`): ``slurm:<id>`` from its Slurm job cgroup,
     ``container:<id>`` from its container's cgroup; None when neither."""
     create_time: float | None = None
+    sid: int | None = None
+    """Its session (the launcher's process tree where no cgroup names the job)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,6 +533,7 @@ class ProcessInspector:
                 uid=_uid(proc),
                 nspid=_nspid(pid),
                 scope=scope,
+                sid=_sid(pid),
                 create_time=_create_time(proc),
             )
 
@@ -546,6 +549,7 @@ class ProcessInspector:
         # Progress files are claims: each is joined to the process it names only with proof.
         untrusted: list[UntrustedClaim] = []
         renames: dict[tuple[str, int | None, str | None], str] = {}
+        claimed_trees: dict[tuple[str, int | None, str | None], set[tuple[str, int]]] = {}
         by_nspid: dict[int, list[Candidate]] = {}
         for c in found.values():
             if c.nspid is not None and c.nspid != c.pid:
@@ -567,6 +571,7 @@ class ProcessInspector:
                     untrusted.append(UntrustedClaim(claim.job, claim.rank, claim.pid, "; ".join(reasons)))
                 continue  # or: the pid is not here (gone, or on another node): the file speaks alone
             renames.setdefault(_identity(chosen), claim.job)
+            claimed_trees.setdefault(_identity(chosen), set()).update(_tree(chosen))
             found[chosen.pid] = dataclasses.replace(
                 chosen,
                 job=claim.job,
@@ -585,7 +590,7 @@ class ProcessInspector:
         # A group - one environment job name, one owner, one kernel identity - with any pid joined to a
         # progress file takes the progress file's job name; groups of other owners or identities that
         # carry the same environment name never follow (another user's processes never join a job).
-        ranks = name_groups(list(found.values()), renames)
+        ranks = name_groups(list(found.values()), renames, claimed_trees)
         ranks = pick_ranks(ranks)
 
         tracked: dict[int, _Tracked] = {}
@@ -713,33 +718,48 @@ def _identity(c: Candidate) -> tuple[str, int | None, str | None]:
 
 
 def name_groups(
-    cands: Sequence[Candidate], renames: Mapping[tuple[str, int | None, str | None], str]
+    cands: Sequence[Candidate],
+    renames: Mapping[tuple[str, int | None, str | None], str],
+    claimed_trees: Mapping[tuple[str, int | None, str | None], set[tuple[str, int]]] | None = None,
 ) -> list[Candidate]:
     """Final job names (pure). Candidates are grouped by (environment job name, owner uid, kernel
-    scope); a group with a progress-file claim takes the claim's job (``renames``). A name that groups
-    of different owners or scopes would share goes to one of them: a progress-named group first, else
-    the one with the oldest process (a later process cannot take a running job's name); each other
-    group gets the name with ``@uid<uid>`` (another owner) or ``@<scope>`` appended, so no group ever
-    joins another's job. Processes a progress file claimed (with proof) keep the claim's job."""
-    final: dict[tuple[str, int | None, str | None], list[Candidate]] = {}
+    scope). A process a progress file claimed (with proof) is in the claim's job; so is the rest of its
+    group (``renames``) - where no cgroup names the job, only the processes that share a claimed
+    process's session or parent (``claimed_trees``: the launcher's process tree), so a same-named job
+    of the same user started elsewhere stays apart. A name that two groups would share goes to one of
+    them: the claimed group first, else the one with the oldest process (a later process cannot take a
+    running job's name); each other group gets the name with ``@uid<uid>`` (another owner), ``@<scope>`` or
+    ``@sid<session>`` appended, so no group ever joins another's job."""
+    final: dict[tuple[str, int | None, str | None, bool], list[Candidate]] = {}
     for c in cands:
-        name = c.job if "progress_file" in c.proof else renames.get(_identity(c), c.job)
-        final.setdefault((name, c.uid, c.scope), []).append(c)
-    best: dict[str, tuple[tuple[int, float], tuple[int | None, str | None]]] = {}
-    for (name, uid, scope), members in final.items():
-        claimed = any("progress_file" in c.proof for c in members) or any(
-            _identity(c) in renames for c in members
-        )
+        ident = _identity(c)
+        if "progress_file" in c.proof:
+            name, claimed = c.job, True
+        elif ident in renames and (
+            c.scope is not None or claimed_trees is None or bool(_tree(c) & claimed_trees.get(ident, set()))
+        ):
+            name, claimed = renames[ident], True
+        else:
+            name, claimed = c.job, False
+        final.setdefault((name, c.uid, c.scope, claimed), []).append(c)
+    best: dict[str, tuple[tuple[int, float], tuple[int | None, str | None, bool]]] = {}
+    for (name, uid, scope, claimed), members in final.items():
         oldest = min((c.create_time if c.create_time is not None else float("inf")) for c in members)
         rank = (0 if claimed else 1, oldest)
         if name not in best or rank < best[name][0]:
-            best[name] = (rank, (uid, scope))
+            best[name] = (rank, (uid, scope, claimed))
     out = []
-    for (name, uid, scope), members in final.items():
-        w_uid, w_scope = best[name][1]
+    for (name, uid, scope, claimed), members in final.items():
+        w_uid, w_scope, w_claimed = best[name][1]
         job = name
-        if (uid, scope) != (w_uid, w_scope) and not any("progress_file" in c.proof for c in members):
-            job = f"{name}@uid{uid}" if uid != w_uid else f"{name}@{scope}"
+        if (uid, scope, claimed) != (w_uid, w_scope, w_claimed) and not claimed:
+            if uid != w_uid:
+                job = f"{name}@uid{uid}"
+            elif scope != w_scope:
+                job = f"{name}@{scope}"
+            else:
+                sids = [c.sid for c in members if c.sid is not None]
+                job = f"{name}@sid{min(sids)}" if sids else f"{name}@other"
         for c in members:
             keep = "progress_file" in c.proof or c.job == job
             out.append(c if keep else dataclasses.replace(c, job=job))
@@ -770,6 +790,23 @@ def _read_cgroup(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/cgroup", "rb") as f:
             return f.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _tree(c: Candidate) -> set[tuple[str, int]]:
+    """Where ``c`` sits in the process tree: its session and its parent (not init)."""
+    out: set[tuple[str, int]] = set()
+    if c.sid is not None and c.sid > 1:
+        out.add(("sid", c.sid))
+    if c.ppid is not None and c.ppid > 1:
+        out.add(("ppid", c.ppid))
+    return out
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
     except OSError:
         return None
 
