@@ -55,7 +55,7 @@ run: $(BASE_STAMP)
 # 2-rank DeepSpeed job deadlocks, the real daemon catches it, alerts a real Alertmanager and kills it.
 demo: $(FULL_STAMP)
 	@command -v prometheus-alertmanager >/dev/null || echo "(no prometheus-alertmanager: run 'make system-deps' as root for the alert part)"
-	$(PY) -m ft_trainer.demo --out out/demo
+	$(PY) -m ft_trainer.devtools.demo --out out/demo
 
 test: $(FULL_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

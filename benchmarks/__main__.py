@@ -4,6 +4,7 @@
     python -m benchmarks --quick    # small inputs, a smoke run
     python -m benchmarks triage gate  # a selection
     python -m benchmarks verdicts     # the trust scorecard of the scenario corpus (~30 s)
+    python -m benchmarks triage_truth # triage's precision/recall over every recording in the test data
 
 Benchmarks measure and print; they never fail the build (machines here are shared and noisy).
 """
@@ -17,13 +18,16 @@ import time
 BENCHES = {
     "reader": "benchmarks.bench_reader",
     "triage": "benchmarks.bench_triage",
+    "triage_truth": "benchmarks.bench_triage_truth",
     "daemon": "benchmarks.bench_daemon",
     "api": "benchmarks.bench_api",
+    "health": "benchmarks.bench_health",
     "gate": "benchmarks.bench_gate",
     "trainer": "benchmarks.bench_trainer",
     "verdicts": "benchmarks.bench_verdicts",
     "stacks": "benchmarks.bench_stacks",
     "integrations": "benchmarks.bench_integrations",
+    "fleet": "benchmarks.bench_fleet",
     "hostile": "benchmarks.bench_hostile",
 }
 

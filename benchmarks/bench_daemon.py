@@ -83,7 +83,7 @@ def run(quick: bool = False) -> None:
             [
                 sys.executable,
                 "-m",
-                "ft_trainer.simjob",
+                "gpu_triage.demo.simjob",
                 "--progress-dir",
                 str(progress),
                 "--start-epoch",

@@ -36,7 +36,7 @@ def _ft_trainer() -> list[str]:
 
 def build_big_cache(out: Path, total_tokens: int, shards: int = 16, seed: int = 0) -> dict:
     """Sparse token files + real document index + manifest (reused when the manifest is already there)."""
-    from ft_trainer.cache import (
+    from ft_trainer.data.cache import (
         FORMAT,
         FORMAT_VERSION,
         MANIFEST,
@@ -164,10 +164,10 @@ def time_gate(job: Path, runs: int) -> tuple[list[float], dict]:
 
 
 def data_paths(root: Path, quick: bool) -> None:
-    from ft_trainer.bench_data import bench_mode
     from ft_trainer.config import load_config
-    from ft_trainer.synthetic import synthetic_texts, write_jsonl
-    from ft_trainer.tokenization import train_byte_bpe
+    from ft_trainer.data.bench_data import bench_mode
+    from ft_trainer.data.tokenization import train_byte_bpe
+    from ft_trainer.devtools.synthetic import synthetic_texts, write_jsonl
 
     corpus = root / "corpus"
     n_docs = 4000 if quick else 20000

@@ -119,7 +119,7 @@ def _daemon_share(stacks: str, window_s: float, scenario: str, into_s: float = 0
     with tempfile.TemporaryDirectory(prefix="gpuwd-bench-stacks-") as tmp:
         state, progress = Path(tmp) / "state", Path(tmp) / "progress"
         start = time.time() + 1.0 - into_s
-        job_cmd = [sys.executable, "-m", "ft_trainer.simjob", "--progress-dir", str(progress),
+        job_cmd = [sys.executable, "-m", "gpu_triage.demo.simjob", "--progress-dir", str(progress),
                    "--start-epoch", str(start), "--ranks", str(RANKS), "--world-size", str(RANKS),
                    "--scenario", scenario]  # fmt: skip
         daemon_cmd = [sys.executable, "-c", CHILD, str(port), str(state), str(progress), str(start),

@@ -134,7 +134,7 @@ def worker(config: Path, pairs: int, steps: int, out: Path) -> int:
 
 
 def run(quick: bool = False) -> None:
-    from ft_trainer.testing import launch_local, prepare_tiny_data, write_tiny_job
+    from ft_trainer.devtools.testing import launch_local, prepare_tiny_data, write_tiny_job
 
     pairs, steps = (7, 8) if quick else (25, 20)  # longer segments: less of a neighbour's burst per pair
     header(f"trainer step-time overhead vs a bare DeepSpeed loop (2 CPU ranks, tiny Qwen3, {pairs} pairs)")

@@ -2,7 +2,9 @@
 
 The folders ``watchdog/`` and ``trainer/`` install as ``gpu_triage`` and ``ft_trainer`` (PyPI owns the
 import names ``watchdog`` and ``trainer``); setuptools cannot discover remapped packages, so
-``pyproject.toml`` lists them and this test keeps the list whole.
+``pyproject.toml`` lists them and this test keeps the list whole - but for the dev-only helpers
+(``ft_trainer.devtools``: tests, benchmarks and ``make demo`` use them from a checkout), which stay out
+of the wheel.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Package folders the wheel leaves out: helpers for tests, benchmarks and `make demo`, run from a checkout.
+DEV_ONLY = {"ft_trainer.devtools"}
 
 
 def _pyproject() -> dict:
@@ -25,7 +29,26 @@ def test_every_package_folder_is_listed() -> None:
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / folder)
             expected.add(".".join((import_name, *rel.parts)))
-    assert set(tool["packages"]) == expected
+    assert expected >= DEV_ONLY, "a dev-only folder moved: update DEV_ONLY"
+    assert set(tool["packages"]) == expected - DEV_ONLY
+
+
+def test_what_the_wheel_needs_does_not_import_the_dev_helpers() -> None:
+    """No packaged module imports a dev-only one (the wheel would install a module that cannot import),
+    and the demo's simulated job ships with the daemon (``make run`` starts it from an installed wheel)."""
+    tool = _pyproject()["tool"]["setuptools"]
+    offenders = []
+    for import_name, folder in tool["package-dir"].items():
+        for source in sorted((ROOT / folder).rglob("*.py")):
+            rel = source.relative_to(ROOT / folder)
+            package = ".".join((import_name, *rel.parent.parts))
+            if package in DEV_ONLY:
+                continue
+            text = source.read_text()
+            offenders += [f"{rel} imports {dev}" for dev in DEV_ONLY if dev in text]
+    assert offenders == []
+    assert "gpu_triage.demo" in tool["packages"]
+    assert (ROOT / "watchdog" / "demo" / "simjob.py").is_file()
 
 
 def test_no_folder_name_is_an_import_name() -> None:

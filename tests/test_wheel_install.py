@@ -22,6 +22,7 @@ import importlib.util
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,26 @@ def record_intact(site: Path, dist_info_glob: str) -> list[str]:
             if actual.rstrip(b"=").decode() != expected:
                 broken.append(f"{name} (changed)")
     return broken
+
+
+def test_the_wheel_ships_the_packages_and_leaves_the_dev_helpers_out(tmp_path: Path) -> None:
+    """Every trainer layer and the demo's simulated job are in the wheel; the test/demo helpers
+    (``ft_trainer.devtools``: tiny corpora, the local launcher, ``make demo``) are not."""
+    names = set(zipfile.ZipFile(build_wheel(tmp_path / "dist")).namelist())
+    for module in (
+        "ft_trainer/cli.py",
+        "ft_trainer/config.py",
+        "ft_trainer/data/cache.py",
+        "ft_trainer/planning/plan.py",
+        "ft_trainer/train/loop.py",
+        "gpu_triage/demo/simjob.py",
+        "gpu_triage/model/config_schema.py",
+    ):
+        assert module in names
+    assert [n for n in names if n.startswith("ft_trainer/devtools/")] == []
+    assert [n for n in names if n.rsplit("/", 1)[-1] in ("testing.py", "synthetic.py", "simjob.py")] == [
+        "gpu_triage/demo/simjob.py"
+    ]
 
 
 def test_the_wheel_installs_beside_pypis_watchdog_and_trainer(tmp_path: Path) -> None:

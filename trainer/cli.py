@@ -106,8 +106,9 @@ def _add_pretokenize(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 
 def _run_pretokenize(args: argparse.Namespace) -> int:
-    from ft_trainer.pretokenize import PretokenizeOptions, pretokenize
-    from ft_trainer.sources import SourceError
+    from ft_trainer.config import DataConfig
+    from ft_trainer.data.pretokenize import PretokenizeOptions, pretokenize
+    from ft_trainer.data.sources import SourceError
 
     cfg = None
     if args.config:
@@ -130,19 +131,23 @@ def _run_pretokenize(args: argparse.Namespace) -> int:
     if missing:
         print(f"ft-trainer pretokenize: missing {', '.join(missing)}", file=sys.stderr)
         return EXIT_BAD
+    assert out is not None and tok is not None  # both in `missing` otherwise
 
-    def pick(arg: Any, key: str, default: Any) -> Any:
-        return arg if arg is not None else (getattr(d, key) if d is not None else default)
+    def pick(arg: Any, key: str) -> Any:
+        """The flag, else the job file's [data] value, else [data]'s default (written once, there)."""
+        if arg is not None:
+            return arg
+        return getattr(d, key) if d is not None else DataConfig.__dataclass_fields__[key].default
 
     opts = PretokenizeOptions(
         inputs=inputs,
         out_dir=out,
         tokenizer=tok,
-        text_field=pick(args.text_field, "text_field", "text"),
-        text_unit=pick(args.text_unit, "text_unit", "line"),
-        eos_token=pick(args.eos_token, "eos_token", "<|endoftext|>"),
-        workers=pick(args.workers, "workers", 0),
-        shard_bytes=int(pick(args.shard_mb, "shard_mb", 128)) << 20,
+        text_field=pick(args.text_field, "text_field"),
+        text_unit=pick(args.text_unit, "text_unit"),
+        eos_token=pick(args.eos_token, "eos_token"),
+        workers=pick(args.workers, "workers"),
+        shard_bytes=int(pick(args.shard_mb, "shard_mb")) << 20,
         index_only=args.index_only,
         max_shards=args.max_shards,
         progress=not args.no_progress,
@@ -250,7 +255,7 @@ def _add_bench_data(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _run_bench_data(args: argparse.Namespace) -> int:
-    from ft_trainer.bench_data import bench_mode, verdict
+    from ft_trainer.data.bench_data import bench_mode, verdict
 
     cfg = _load(args.config)
     if cfg is None:

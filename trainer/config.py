@@ -1,23 +1,30 @@
 """The job file: one TOML that ``pretokenize``, ``gate``, ``bench-data`` and ``train`` all read.
 
-Every key is documented in ``docs/trainer.md``. Loading validates types and ranges and rejects unknown
-keys (a typo would otherwise silently fall back to a default); a :class:`ConfigError` names the file,
-the key, what was expected and what was found. Relative paths are resolved against the job file's
-directory. Sections reserved for ``ft-trainer train`` (``[train]``, ``[optim]``, ``[deepspeed]``,
-``[progress]``, ``[metrics]``) are kept as raw tables in :attr:`JobConfig.extra` for that command to
-validate. No torch here.
+Every key is documented in ``docs/trainer.md``. Each section is a frozen dataclass below whose fields are
+the section's keys, each default written once on its field (with its bounds);
+:mod:`gpu_triage.model.config_schema` reads the file into them. Loading checks types and ranges and
+rejects unknown keys (a typo would otherwise silently fall back to a default), and reports EVERY
+problem at once: one :class:`ConfigError` lists them, each with the file, the line, the key, what was
+expected and what was found. Relative paths are resolved against the job file's directory. Sections
+reserved for ``ft-trainer train`` (``[train]``, ``[optim]``, ``[deepspeed]``, ``[progress]``,
+``[metrics]``) are kept as raw tables in :attr:`JobConfig.extra` for that command to read
+(:mod:`ft_trainer.train.settings`, the same way). No torch here.
 """
 
 from __future__ import annotations
 
 import difflib
 import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from ft_trainer.presets import PRESETS, ModelSpec, from_hf_config
+from ft_trainer.planning.presets import PRESETS, ModelSpec, from_hf_config
+from gpu_triage.model.config_schema import MISSING, Problem, Reader, SchemaError, derived, setting, show
+
+if TYPE_CHECKING:
+    from ft_trainer.planning.plan import PackingParams
 
 __all__ = [
     "RESERVED_SECTIONS",
@@ -26,6 +33,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "JobConfig",
+    "JobSection",
     "ModelConfig",
     "ZeroConfig",
     "load_config",
@@ -33,77 +41,122 @@ __all__ = [
 ]
 
 RESERVED_SECTIONS = ("train", "optim", "deepspeed", "progress", "metrics")
-LAUNCHERS = ("deepspeed", "torchrun", "local")
-DATA_MODES = ("cache", "stream")
-TEXT_UNITS = ("line", "file")
-OFFLOAD = ("none", "cpu", "nvme")
+MAX_JOB_FILE_BYTES = 1 << 20  # a job file is a few KiB
 
 
-class ConfigError(ValueError):
-    """A job file problem: ``file: key: expected ..., got ...``."""
+class ConfigError(SchemaError):
+    """A job file's problems, each ``file:line: key: expected ..., got ...``; ``str()`` lists them one a
+    line (``.problems`` has them as values). ``ConfigError(file, key, expected, actual)`` is one problem;
+    ``message`` replaces the "expected ..., got ..." text."""
 
-    def __init__(self, file: str | Path, key: str, expected: str, actual: Any = None, *, raw: str = ""):
-        self.file = str(file)
-        self.key = key
-        self.expected = expected
-        self.actual = actual
-        msg = raw or f"{self.file}: {key}: expected {expected}, got {actual!r}"
-        super().__init__(msg)
+    def __init__(
+        self,
+        file: str | Path,
+        key: str,
+        expected: str = "",
+        actual: Any = MISSING,
+        *,
+        message: str = "",
+        line: int | None = None,
+    ) -> None:
+        text = message or f"expected {expected}, got {show(actual)}"
+        super().__init__([Problem(str(file), line, key, text)])
+
+    @classmethod
+    def of(cls, problems: Sequence[Problem]) -> ConfigError:
+        """One error listing ``problems`` (what :meth:`Reader.raise_if_any` calls)."""
+        error = cls.__new__(cls)
+        SchemaError.__init__(error, problems)
+        return error
 
 
-@dataclass(frozen=True)
+# ------------------------------------------------------------------------------------------- sections
+@dataclass(frozen=True, kw_only=True)
+class JobSection:
+    """``[job]``."""
+
+    name: str | None = setting(None, nonempty=True, doc="default: the job file's name without .toml")
+    seed: int = setting(0, ge=0)
+    epochs: int = setting(1, ge=1)
+    expected_tokens_per_s: float | None = setting(None, gt=0, expected="a number > 0 (tokens/s)")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    spec: ModelSpec
-    preset: str | None
-    path: Path | None
-    tokenizer: Path | None
+    """``[model]``: exactly one of ``preset`` and ``path``; :attr:`spec` is the architecture they name."""
+
+    preset: str | None = setting(None, choices=sorted(PRESETS))
+    path: Path | None = setting(None, doc="a local Hugging Face model directory (config.json)")
+    tokenizer: Path | None = setting(None, doc="default: model.path")
+    vocab_size: int | None = setting(None, ge=1)
+    max_positions: int | None = setting(None, ge=1)
+    params: int | None = setting(None, ge=1)
     gradient_checkpointing: bool = True
+    spec: ModelSpec = derived(doc="the preset's or the directory's architecture, with the overrides")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    mode: str
-    cache_dir: Path
-    source_dir: Path | None
-    seq_len: int
-    micro_batch: int
-    grad_accum: int
-    global_batch: int | None = None
+    """``[data]``."""
+
+    mode: Literal["cache", "stream"] = "cache"
+    cache_dir: Path = setting()
+    source_dir: Path | None = setting(None, doc="the corpus (required when mode = 'stream')")
+    seq_len: int = setting(ge=2)
+    micro_batch: int = setting(1, ge=1)
+    grad_accum: int = setting(1, ge=1)
+    global_batch: int | None = setting(None, ge=1)
     equalize: bool = True
-    text_field: str = "text"
-    text_unit: str = "line"
+    text_field: str = setting("text", nonempty=True, expected="a column/field name")
+    text_unit: Literal["line", "file"] = "line"
     eos_token: str = "<|endoftext|>"
-    workers: int = 0
-    shard_mb: int = 128
+    workers: int = setting(0, ge=0, expected="an integer >= 0 (0 = auto)")
+    shard_mb: int = setting(128, ge=1, expected="an integer >= 1 (MiB)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
-    nodes: int
-    gpus_per_node: int
-    world_size: int
-    world_size_explicit: bool
-    launcher: str
+    """``[cluster]``; ``world_size`` is ``nodes x gpus_per_node`` unless the file sets it."""
+
+    nodes: int = setting(1, ge=1)
+    gpus_per_node: int = setting(1, ge=1)
+    world_size: int = setting(0, ge=1, expected="an integer >= 1 (absent: nodes x gpus_per_node)")
+    launcher: Literal["deepspeed", "torchrun", "local"] = "deepspeed"
     hostfile: Path | None = None
-    gpu_memory_gib: float | None = None
-    cpu_memory_gib: float | None = None
+    gpu_memory_gib: float | None = setting(None, gt=0, expected="a number > 0 (GiB)")
+    cpu_memory_gib: float | None = setting(None, gt=0, expected="a number > 0 (GiB)")
+    world_size_explicit: bool = derived(False, doc="the file set world_size")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-    dir: Path
-    keep_last: int = 2
-    bytes_per_param: float = 16.0
-    margin: float = 0.10
+    """``[checkpoint]``."""
+
+    dir: Path = setting()
+    keep_last: int = setting(2, ge=1)
+    bytes_per_param: float = setting(16.0, gt=0)
+    margin: float = setting(0.10, ge=0, le=10, expected="a fraction 0..10")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ZeroConfig:
-    stage: int = 3
-    offload_optimizer: str = "none"
-    offload_param: str = "none"
+    """``[zero]``."""
+
+    stage: Literal[3] = setting(3, expected="3 (this trainer runs ZeRO stage 3)")
+    offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
+    offload_param: Literal["none", "cpu", "nvme"] = "none"
     zero_init: bool = True
-    buffer_factor: float = 1.5
+    buffer_factor: float = setting(1.5, ge=1)
+
+
+SECTIONS: dict[str, type] = {
+    "job": JobSection,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "cluster": ClusterConfig,
+    "checkpoint": CheckpointConfig,
+    "zero": ZeroConfig,
+}
 
 
 @dataclass(frozen=True)
@@ -119,6 +172,7 @@ class JobConfig:
     checkpoint: CheckpointConfig
     zero: ZeroConfig
     extra: dict[str, dict[str, Any]] = field(default_factory=dict)
+    text: str = field(default="", repr=False, compare=False)  # the file, for the lines of later problems
 
     @property
     def global_batch(self) -> int:
@@ -129,251 +183,116 @@ class JobConfig:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.data.seq_len
 
+    def packing_params(self) -> PackingParams:
+        """The plan's parameters training and the gate both use (one place, so they cannot drift)."""
+        from ft_trainer.planning.plan import PackingParams  # numpy: only when a plan is wanted
 
-# ----------------------------------------------------------------------------------------------- parsing
-class _Section:
-    """Typed access to one TOML table that records which keys were read, so leftovers are errors."""
-
-    def __init__(self, file: Path, name: str, table: Any, base_dir: Path):
-        if not isinstance(table, dict):
-            raise ConfigError(file, name, "a table ([" + name + "])", table)
-        self.file, self.name, self.table, self.base_dir = file, name, table, base_dir
-        self.known: set[str] = set()
-
-    def _key(self, key: str) -> str:
-        return f"{self.name}.{key}"
-
-    def get(
-        self,
-        key: str,
-        kind: str,
-        default: Any = ...,
-        *,
-        check: Callable[[Any], bool] | None = None,
-        expected: str = "",
-    ) -> Any:
-        self.known.add(key)
-        if key not in self.table:
-            if default is ...:
-                raise ConfigError(self.file, self._key(key), f"{expected or kind} (required)", "missing")
-            return default
-        value = self.table[key]
-        ok_type = {
-            "int": isinstance(value, int) and not isinstance(value, bool),
-            "float": isinstance(value, int | float) and not isinstance(value, bool),
-            "bool": isinstance(value, bool),
-            "str": isinstance(value, str),
-            "path": isinstance(value, str) and value != "",
-        }[kind]
-        if not ok_type or (check is not None and not check(value)):
-            raise ConfigError(self.file, self._key(key), expected or kind, value)
-        if kind == "float":
-            return float(value)
-        if kind == "path":
-            p = Path(value).expanduser()
-            return p if p.is_absolute() else (self.base_dir / p)
-        return value
-
-    def choice(self, key: str, choices: tuple[str, ...], default: Any = ...) -> Any:
-        return self.get(
-            key, "str", default, check=lambda v: v in choices, expected="one of " + ", ".join(choices)
+        return PackingParams(
+            seq_len=self.data.seq_len,
+            micro_batch=self.data.micro_batch,
+            grad_accum=self.data.grad_accum,
+            world_size=self.cluster.world_size,
+            seed=self.seed,
+            equalize=self.data.equalize,
         )
 
-    def finish(self) -> None:
-        for key in self.table:
-            if key not in self.known:
-                close = difflib.get_close_matches(key, sorted(self.known), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(
-                    self.file,
-                    self._key(key),
-                    "a known key: " + ", ".join(sorted(self.known)),
-                    key,
-                    raw=f"{self.file}: {self._key(key)}: unknown key{hint}; known keys in [{self.name}]: "
-                    + ", ".join(sorted(self.known)),
-                )
+    def reader(self) -> Reader:
+        """A :class:`Reader` for more of this file (the reserved sections), lines and paths as here."""
+        return Reader(self.path, self.text)
 
 
-def _pos(v: Any) -> bool:
-    return v >= 1
-
-
+# ----------------------------------------------------------------------------------------------- loading
 def load_config(path: str | Path) -> JobConfig:
-    """Read and validate a job file. Raises :class:`ConfigError` (file, key, expected, actual)."""
+    """Read and validate a job file. Raises :class:`ConfigError` listing every problem."""
     p = Path(path)
     try:
-        raw_bytes = p.read_bytes()
+        with p.open("rb") as f:
+            raw_bytes = f.read(MAX_JOB_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(
-            p, "<file>", "a readable job file", raw=f"{p}: cannot read job file: {exc}"
-        ) from None
+        raise ConfigError(p, "", message=f"cannot read job file: {exc}") from None
+    if len(raw_bytes) > MAX_JOB_FILE_BYTES:
+        raise ConfigError(p, "", message=f"not a job file: larger than {MAX_JOB_FILE_BYTES} bytes")
     try:
-        doc = tomllib.loads(raw_bytes.decode("utf-8"))
+        text = raw_bytes.decode("utf-8")
+        doc = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(p, "<syntax>", "valid TOML", raw=f"{p}: TOML syntax error: {exc}") from None
-    return parse_config(doc, p)
+        raise ConfigError(p, "", message=f"TOML syntax error: {exc}") from None
+    return parse_config(doc, p, text)
 
 
-def parse_config(doc: dict[str, Any], path: Path) -> JobConfig:
-    """Validate an already-parsed TOML document (``path`` names it in errors and anchors relative paths)."""
-    base = path.resolve().parent
-    known_sections = {"job", "model", "data", "cluster", "checkpoint", "zero", *RESERVED_SECTIONS}
+def parse_config(doc: dict[str, Any], path: Path, text: str = "") -> JobConfig:
+    """Validate an already-parsed TOML document (``path`` names it in errors and anchors relative paths;
+    ``text``, its source, gives the lines)."""
+    reader = Reader(path, text)
+    known = [*SECTIONS, *RESERVED_SECTIONS]
     for name in doc:
-        if name not in known_sections:
-            close = difflib.get_close_matches(name, sorted(known_sections), n=1)
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
             hint = f" (did you mean [{close[0]}]?)" if close else ""
-            raise ConfigError(
-                path,
-                name,
-                "a known section",
-                name,
-                raw=f"{path}: [{name}]: unknown section{hint}; known: " + ", ".join(sorted(known_sections)),
+            reader.problem(
+                f"[{name}]",
+                f"unknown section{hint}; known: " + ", ".join(sorted(known)),
+                line=reader.lines.line(name),
             )
-
-    def section(name: str, required: bool = True) -> _Section:
-        if name not in doc and required:
-            raise ConfigError(path, f"[{name}]", "a section", "missing")
-        return _Section(path, name, doc.get(name, {}), base)
-
-    # [job]
-    job = section("job", required=False)
-    name = job.get("name", "str", path.stem, check=lambda v: v.strip() != "", expected="a non-empty string")
-    seed = job.get("seed", "int", 0, check=lambda v: v >= 0, expected="an integer >= 0")
-    epochs = job.get("epochs", "int", 1, check=_pos, expected="an integer >= 1")
-    expected_tps = job.get(
-        "expected_tokens_per_s", "float", None, check=lambda v: v > 0, expected="a number > 0 (tokens/s)"
-    )
-    job.finish()
-
-    # [model]
-    m = section("model")
-    preset = m.choice("preset", tuple(sorted(PRESETS)), None)
-    model_path = m.get("path", "path", None)
-    if (preset is None) == (model_path is None):
-        raise ConfigError(path, "model.preset", "exactly one of model.preset or model.path", m.table)
-    if preset is not None:
-        spec = PRESETS[preset]
-    else:
-        assert model_path is not None
-        try:
-            spec = from_hf_config(model_path)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(
-                path,
-                "model.path",
-                "a local model directory with config.json",
-                str(model_path),
-                raw=f"{path}: model.path: cannot read the model's config.json: {exc}",
-            ) from None
-    spec = spec.with_overrides(
-        vocab_size=m.get("vocab_size", "int", None, check=_pos, expected="an integer >= 1"),
-        max_positions=m.get("max_positions", "int", None, check=_pos, expected="an integer >= 1"),
-        params=m.get("params", "int", None, check=_pos, expected="an integer >= 1"),
-    )
-    tokenizer = m.get("tokenizer", "path", model_path)
-    grad_ckpt = m.get("gradient_checkpointing", "bool", True)
-    m.finish()
-    model = ModelConfig(
-        spec=spec, preset=preset, path=model_path, tokenizer=tokenizer, gradient_checkpointing=grad_ckpt
-    )
-
-    # [data]
-    d = section("data")
-    mode = d.choice("mode", DATA_MODES, "cache")
-    cache_dir = d.get("cache_dir", "path")
-    source_dir = d.get("source_dir", "path", None)
-    seq_len = d.get("seq_len", "int", check=lambda v: v >= 2, expected="an integer >= 2")
-    micro = d.get("micro_batch", "int", 1, check=_pos, expected="an integer >= 1")
-    accum = d.get("grad_accum", "int", 1, check=_pos, expected="an integer >= 1")
-    global_batch = d.get("global_batch", "int", None, check=_pos, expected="an integer >= 1")
-    equalize = d.get("equalize", "bool", True)
-    text_field = d.get("text_field", "str", "text", check=lambda v: v != "", expected="a column/field name")
-    text_unit = d.choice("text_unit", TEXT_UNITS, "line")
-    eos_token = d.get("eos_token", "str", "<|endoftext|>")
-    workers = d.get("workers", "int", 0, check=lambda v: v >= 0, expected="an integer >= 0 (0 = auto)")
-    shard_mb = d.get("shard_mb", "int", 128, check=_pos, expected="an integer >= 1 (MiB)")
-    d.finish()
-    if mode == "stream" and source_dir is None:
-        raise ConfigError(
-            path, "data.source_dir", "the corpus directory (required when data.mode = 'stream')", "missing"
+    job = reader.read(JobSection, doc.get("job", {}), "job")
+    model = _model(reader, doc.get("model", {}))
+    data = reader.read(DataConfig, doc.get("data", {}), "data")
+    if data is not None and data.mode == "stream" and data.source_dir is None:
+        reader.expected(
+            "data.source_dir", "the corpus directory (required when data.mode = 'stream')", MISSING
         )
-    data = DataConfig(
-        mode=mode,
-        cache_dir=cache_dir,
-        source_dir=source_dir,
-        seq_len=seq_len,
-        micro_batch=micro,
-        grad_accum=accum,
-        global_batch=global_batch,
-        equalize=equalize,
-        text_field=text_field,
-        text_unit=text_unit,
-        eos_token=eos_token,
-        workers=workers,
-        shard_mb=shard_mb,
-    )
-
-    # [cluster]
-    c = section("cluster", required=False)
-    nodes = c.get("nodes", "int", 1, check=_pos, expected="an integer >= 1")
-    gpn = c.get("gpus_per_node", "int", 1, check=_pos, expected="an integer >= 1")
-    world_raw = c.get("world_size", "int", None, check=_pos, expected="an integer >= 1")
-    launcher = c.choice("launcher", LAUNCHERS, "deepspeed")
-    hostfile = c.get("hostfile", "path", None)
-    gpu_mem = c.get("gpu_memory_gib", "float", None, check=lambda v: v > 0, expected="a number > 0 (GiB)")
-    cpu_mem = c.get("cpu_memory_gib", "float", None, check=lambda v: v > 0, expected="a number > 0 (GiB)")
-    c.finish()
-    cluster = ClusterConfig(
-        nodes=nodes,
-        gpus_per_node=gpn,
-        world_size=world_raw if world_raw is not None else nodes * gpn,
-        world_size_explicit=world_raw is not None,
-        launcher=launcher,
-        hostfile=hostfile,
-        gpu_memory_gib=gpu_mem,
-        cpu_memory_gib=cpu_mem,
-    )
-
-    # [checkpoint]
-    k = section("checkpoint")
-    checkpoint = CheckpointConfig(
-        dir=k.get("dir", "path"),
-        keep_last=k.get("keep_last", "int", 2, check=_pos, expected="an integer >= 1"),
-        bytes_per_param=k.get(
-            "bytes_per_param", "float", 16.0, check=lambda v: v > 0, expected="a number > 0"
-        ),
-        margin=k.get("margin", "float", 0.10, check=lambda v: 0 <= v <= 10, expected="a fraction 0..10"),
-    )
-    k.finish()
-
-    # [zero]
-    z = section("zero", required=False)
-    zero = ZeroConfig(
-        stage=z.get("stage", "int", 3, check=lambda v: v == 3, expected="3 (this trainer runs ZeRO stage 3)"),
-        offload_optimizer=z.choice("offload_optimizer", OFFLOAD, "none"),
-        offload_param=z.choice("offload_param", OFFLOAD, "none"),
-        zero_init=z.get("zero_init", "bool", True),
-        buffer_factor=z.get("buffer_factor", "float", 1.5, check=lambda v: v >= 1, expected="a number >= 1"),
-    )
-    z.finish()
-
+    cluster = reader.read(ClusterConfig, doc.get("cluster", {}), "cluster")
+    if cluster is not None:
+        if cluster.world_size:
+            cluster = replace(cluster, world_size_explicit=True)
+        else:
+            cluster = replace(cluster, world_size=cluster.nodes * cluster.gpus_per_node)
+    checkpoint = reader.read(CheckpointConfig, doc.get("checkpoint", {}), "checkpoint")
+    zero = reader.read(ZeroConfig, doc.get("zero", {}), "zero")
     extra: dict[str, dict[str, Any]] = {}
-    for name_ in RESERVED_SECTIONS:
-        if name_ in doc:
-            if not isinstance(doc[name_], dict):
-                raise ConfigError(path, name_, "a table", doc[name_])
-            extra[name_] = dict(doc[name_])
-
+    for name in RESERVED_SECTIONS:
+        if name in doc:
+            if isinstance(doc[name], dict):
+                extra[name] = dict(doc[name])
+            else:
+                reader.expected(name, f"a table ([{name}])", doc[name])
+    reader.raise_if_any(ConfigError.of)
+    assert job and model and data and cluster and checkpoint and zero  # else raise_if_any raised
     return JobConfig(
         path=path,
-        name=name,
-        seed=seed,
-        epochs=epochs,
-        expected_tokens_per_s=expected_tps,
+        name=job.name or path.stem,
+        seed=job.seed,
+        epochs=job.epochs,
+        expected_tokens_per_s=job.expected_tokens_per_s,
         model=model,
         data=data,
         cluster=cluster,
         checkpoint=checkpoint,
         zero=zero,
         extra=extra,
+        text=text,
     )
+
+
+def _model(reader: Reader, table: Any) -> ModelConfig | None:
+    """``[model]``, with its spec: the preset's or the model directory's config.json, overridden."""
+    model = reader.read(ModelConfig, table, "model")
+    if model is None:
+        return None
+    if (model.preset is None) == (model.path is None):
+        got = "neither" if model.preset is None else "both"
+        reader.problem("model.preset", f"expected exactly one of model.preset or model.path, got {got}")
+        return None
+    if model.preset is not None:
+        spec = PRESETS[model.preset]
+    else:
+        assert model.path is not None
+        try:
+            spec = from_hf_config(model.path)
+        except (OSError, ValueError) as exc:
+            reader.problem("model.path", f"cannot read the model's config.json: {exc}")
+            return None
+    spec = spec.with_overrides(
+        vocab_size=model.vocab_size, max_positions=model.max_positions, params=model.params
+    )
+    return replace(model, spec=spec, tokenizer=model.tokenizer or model.path)

@@ -2,9 +2,9 @@
 this), so it runs on a login node in well under a second for a billion-token corpus on 16 ranks.
 
 Each invariant is a function returning ``(ok, detail)``; a failing detail says what is wrong, with the
-numbers, and how to fix it. The plan is computed by :func:`ft_trainer.plan.build_epoch_plan` from the cache's
-document index with :meth:`ft_trainer.plan.PackingParams.from_config` - the very calls ``JobData`` makes at
-training time, so the gate judges the plan that will run.
+numbers, and how to fix it. The plan is computed by :func:`ft_trainer.planning.plan.build_epoch_plan`
+from the cache's document index with :meth:`ft_trainer.config.JobConfig.packing_params` - the
+very calls ``JobData`` makes at training time, so the gate judges the plan that will run.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from ft_trainer.cache import CacheError, CacheIndex, check_cache
-from ft_trainer.cluster import HostfileError, check_cluster, load_hosts
 from ft_trainer.config import JobConfig
-from ft_trainer.estimates import GIB, checkpoint_bytes, zero3_memory
-from ft_trainer.plan import EpochPlan, PackingParams, build_epoch_plan, plan_fingerprint
+from ft_trainer.data.cache import CacheError, CacheIndex, check_cache
+from ft_trainer.planning.cluster import HostfileError, check_cluster, load_hosts
+from ft_trainer.planning.estimates import GIB, checkpoint_bytes, zero3_memory
+from ft_trainer.planning.plan import EpochPlan, build_epoch_plan, plan_fingerprint
 
 __all__ = ["GateReport", "Invariant", "equal_steps_verdict", "run_gate"]
 
@@ -380,7 +380,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
             if d.mode == "stream":
                 return False, "stream mode tokenizes at run time: set model.tokenizer (the index's tokenizer)"
             return True, f"model.tokenizer not set; cache built with {want['file']} ({want['sha256'][:12]})"
-        from ft_trainer.tokenization import tokenizer_sha256
+        from ft_trainer.data.tokenization import tokenizer_sha256
 
         sha = tokenizer_sha256(cfg.model.tokenizer)
         if sha != want["sha256"]:
@@ -416,7 +416,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
                 False,
                 "skipped: the cache is not sound (see cache_integrity), so the plan cannot be trusted",
             )
-        params = PackingParams.from_config(cfg)
+        params = cfg.packing_params()
         plans = [build_epoch_plan(index.doc_lengths, params, e) for e in range(cfg.epochs)]
         state["fingerprint"] = plan_fingerprint(plans)
         return equal_steps_verdict(plans)

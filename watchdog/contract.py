@@ -17,6 +17,12 @@ collective phase (save, eval, epoch end) on *every* rank, the waiting ranks incl
 ``checkpoint`` while another sits frozen in ``train`` is a contradiction (a hang), not a save; ``"rank"``
 (or absent) when only the ranks doing the work announce it.
 
+The optional ``step_time`` and ``phase_time`` (epoch seconds, written by this writer) say when ``step``
+last changed and when ``phase`` was entered. ``time`` is when the file was written - and a flusher
+rewrites it every ``heartbeat_s`` while the rank is blocked - so a reader that starts during a hang (a
+restarted watchdog) can only date the frozen step right from ``step_time``. Readers that do not know
+them ignore them; without them a reader falls back to ``time``.
+
 Who uses this module: the daemon's reader (``gpu_triage.signals.progress``) takes its field names, phases and
 limits from here; this project's trainer (``ft_trainer.progress`` re-exports the writer) and the
 framework integrations (``gpu_triage.integrations``) write through :class:`ProgressWriter`.
@@ -67,7 +73,7 @@ FIELDS = (
     "time",
 )
 """The contract's required fields, in the order they are written."""
-OPTIONAL_FIELDS = ("lease_scope",)
+OPTIONAL_FIELDS = ("lease_scope", "step_time", "phase_time")
 """Fields a reader accepts when present (written after the required ones)."""
 LEASE_SCOPES = ("job", "rank")
 MIN_INTERVAL_S = 1.0
@@ -209,13 +215,17 @@ class ProgressWriter:
         *,
         directory: Path | str | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
         min_interval_s: float = MIN_INTERVAL_S,
         pid: int | None = None,
         host: str | None = None,
         lease_scope: str | None = None,
     ) -> None:
         """``directory`` defaults to ``$GPU_WATCHDOG_PROGRESS_DIR`` or ``/run/gpu-watchdog/progress``;
-        ``clock`` returns epoch seconds (injected in tests); ``lease_scope`` (``"job"``, ``"rank"`` or
+        ``clock`` returns epoch seconds (the values written; injected in tests); ``monotonic`` measures
+        the rate limit, the heartbeat and lease renewals (default ``time.monotonic``, or ``clock`` when
+        only ``clock`` is injected), so a step of the wall clock never stops or floods writes;
+        ``lease_scope`` (``"job"``, ``"rank"`` or
         None: not written) says whether every rank announces every collective phase."""
         if not (0 <= rank < world_size and local_rank >= 0):
             raise ValueError(f"rank {rank}, local_rank {local_rank}, world_size {world_size}: inconsistent")
@@ -223,6 +233,9 @@ class ProgressWriter:
         self.directory = Path(directory) if directory is not None else progress_dir()
         self.path = rank_file(self.directory, job, rank)
         self._clock = clock
+        if monotonic is None:
+            monotonic = time.monotonic if clock is time.time else clock
+        self._mono = monotonic
         self._min_interval_s = min_interval_s
         self._owner_pid = os.getpid()
         self._record: dict[str, Any] = {
@@ -241,12 +254,16 @@ class ProgressWriter:
         }
         if check_lease_scope(lease_scope) is not None:
             self._record["lease_scope"] = lease_scope
+        self._record["step_time"] = None  # set when the step changes (or at the first write)
+        self._record["phase_time"] = None
         self._lock = threading.RLock()
         self._last_write_s: float | None = None
         self._dirty = False
         self._failing = False
         self._lease_s: float | None = None
         self._keep_alive_until_s: float | None = None
+        self._lease_until_m: float | None = None
+        """The lease's end on the monotonic clock (renewals are timed on it, not on the wall clock)."""
         self.writes_total = 0
         self.failures_total = 0
         self.renewals_total = 0
@@ -304,6 +321,8 @@ class ProgressWriter:
         if not self._mine():
             return False
         with self._lock:
+            if int(step) != self._record["step"] or self._record["step_time"] is None:
+                self._record["step_time"] = round(self._clock(), 3)
             self._record["step"] = int(step)
             if epoch is not None:
                 self._record["epoch"] = int(epoch)
@@ -312,10 +331,9 @@ class ProgressWriter:
             self._dirty = True
             if not write:
                 return False
-            now_s = self._clock()
-            if self._last_write_s is not None and now_s - self._last_write_s < self._min_interval_s:
+            if self._last_write_s is not None and self._mono() - self._last_write_s < self._min_interval_s:
                 return False
-            return self._write(now_s)
+            return self._write(self._clock())
 
     def phase(self, phase: str, *, lease_s: float | None = None, keep_alive_s: float | None = None) -> bool:
         """Enter ``phase`` (always written, even within the rate limit). Every phase but ``train`` needs
@@ -336,10 +354,14 @@ class ProgressWriter:
             return False
         with self._lock:
             now_s = self._clock()
+            if phase != self._record["phase"] or self._record["phase_time"] is None:
+                self._record["phase_time"] = round(now_s, 3)
             self._record["phase"] = phase
             self._record["lease_until"] = None if lease_s is None else round(now_s + lease_s, 3)
             self._lease_s = lease_s
-            self._keep_alive_until_s = None if keep_alive_s is None else now_s + keep_alive_s
+            mono = self._mono()
+            self._lease_until_m = None if lease_s is None else mono + lease_s
+            self._keep_alive_until_s = None if keep_alive_s is None else mono + keep_alive_s
             self._dirty = True
             return self._write(now_s)
 
@@ -359,17 +381,19 @@ class ProgressWriter:
         if not self._mine():
             return False
         with self._lock:
-            now_s = self._clock()
-            since = None if self._last_write_s is None else now_s - self._last_write_s
-            lease_until = self._record["lease_until"]
+            now_s, mono = self._clock(), self._mono()
+            since = None if self._last_write_s is None else mono - self._last_write_s
+            until_m = self._lease_until_m
             if (
-                lease_until is not None
+                self._record["lease_until"] is not None
+                and until_m is not None
                 and self._lease_s is not None
                 and self._keep_alive_until_s is not None
-                and lease_until < self._keep_alive_until_s
-                and lease_until - now_s < self._lease_s / 2
+                and until_m < self._keep_alive_until_s
+                and until_m - mono < self._lease_s / 2
             ):
-                self._record["lease_until"] = round(min(now_s + self._lease_s, self._keep_alive_until_s), 3)
+                self._lease_until_m = min(mono + self._lease_s, self._keep_alive_until_s)
+                self._record["lease_until"] = round(now_s + (self._lease_until_m - mono), 3)
                 self.renewals_total += 1
                 return self._write(now_s)
             if since is not None and since < self._min_interval_s:
@@ -379,8 +403,11 @@ class ProgressWriter:
             return False
 
     def _write(self, now_s: float) -> bool:
-        self._last_write_s = now_s  # also rate-limits retries into a broken directory
+        self._last_write_s = self._mono()  # also rate-limits retries into a broken directory
         self._record["time"] = round(now_s, 3)
+        for key in ("step_time", "phase_time"):
+            if self._record[key] is None:
+                self._record[key] = self._record["time"]
         data = json.dumps(self._record, separators=(", ", ": ")).encode() + b"\n"
         tmp = self.path.with_name(f".{self.path.name}.{self._record['pid']}.tmp")
         try:

@@ -453,8 +453,9 @@ def healthy_cases() -> list[Case]:
             node(progress=False, util_readable=False),
             script((0.0, lambda w: w.set_gpus("idle_mem"))),
             900,
-            Expect("healthy", allowed=HEALTHY),
-            describe="utilisation unreadable (MIG/vGPU), a process holds memory and does nothing",
+            Expect("healthy", allowed=frozenset({V.HEALTHY, V.CANNOT_JUDGE})),
+            describe="utilisation unreadable (MIG/vGPU), a process holds memory and does nothing: with no "
+            "progress files that is cannot_judge after idle_held_after_s (a hung loader looks the same)",
         ),
         Case(
             "two-jobs-one-saving",
@@ -833,13 +834,143 @@ def stack_cases() -> list[Case]:
     ]
 
 
+def _containers(*setups: Stage) -> Stage:
+    """Jobs in containers without host PIDs: NVML names no process of theirs, nothing ties a rank to
+    its GPU (the GPUs still draw what the ranks do)."""
+
+    def setup(w: World) -> None:
+        for s in setups:
+            s(w)
+        w.set(host_pids=False)
+
+    return setup
+
+
+def wild_cases() -> list[Case]:
+    """Issue 19: hangs as they happen in the wild - ``slow`` that never ends, and jobs the watchdog
+    cannot judge (it must say so, never ``healthy``)."""
+    return [
+        Case(
+            "busy-loop-hang-third-party",
+            "hang",
+            node(lease_scope="rank"),
+            script(BOOT, TRAIN, (400.0, lambda w: (hang(w), w.set_gpus("busy_loop", [3])))),
+            900,
+            Expect(
+                "hang",
+                alert_within_s=120.0,
+                limit="phases announced per rank: an unannounced eval on rank 3 looks the same - stalled "
+                "(asymmetric), not slow",
+                ends_in=frozenset({V.STALLED}),
+            ),
+            onset_s=400,
+            describe="rank 3's GPU runs a kernel that never ends, the others spin; before: slow forever",
+        ),
+        Case(
+            "band-edge-spin-hang",
+            "hang",
+            node(lease_scope="rank"),
+            script(BOOT, TRAIN, (400.0, lambda w: hang(w, gpu="spin_edge"))),
+            900,
+            Expect(
+                "hang",
+                alert_within_s=120.0,
+                limit="the spin draws 0.29-0.31 of the limit: the communication band's edge, no power proof",
+                ends_in=frozenset({V.STALLED, V.DEADLOCK_SUSPECTED, V.DEADLOCK_CONFIRMED}),
+            ),
+            onset_s=400,
+            describe="a hang whose spin power sits on the band edge at 100 % util; before: slow forever",
+        ),
+        Case(
+            "band-edge-spin-hang-stacks",
+            "hang",
+            node(lease_scope="rank"),
+            script(
+                BOOT,
+                TRAIN,
+                (400.0, lambda w: (hang(w, gpu="spin_edge"), w.set(stack=IN_ALLREDUCE, cpu_ratio=1.0))),
+            ),
+            900,
+            Expect("hang", kill_worthy_within_s=45.0, alert_within_s=120.0),
+            onset_s=400,
+            describe="the band-edge spin with the stack sampler: frozen steps and every stack frozen in the "
+            "all-reduce are independent proof (K6); GPUs in the communication band do not veto it",
+        ),
+        Case(
+            "band-edge-spin-hang-no-progress-files",
+            "hang",
+            node(progress=False),
+            script(BOOT, TRAIN, (400.0, lambda w: hang(w, gpu="spin_edge"))),
+            900,
+            Expect(
+                "hang",
+                alert_within_s=180.0,
+                limit="no progress files: power alone is alert-only",
+                ends_in=frozenset({V.STALLED}),
+            ),
+            onset_s=400,
+            describe="the same without progress files; before: healthy throughout",
+        ),
+        Case(
+            "eval-unannounced-long",
+            "eval",
+            node(lease_scope="rank"),
+            script(
+                BOOT,
+                TRAIN,
+                (300.0, lambda w: (w.set(interval_s=None), w.set_gpus("compute"))),
+                (1500.0, lambda w: train(w)),
+            ),
+            1700,
+            Expect("healthy", allowed=frozenset({V.HEALTHY, V.SLOW, V.STALLED})),
+            onset_s=300,
+            describe="a 20-minute eval nobody announces: slow, then stalled (an alert) after "
+            "slow_max_budgets stall budgets - never hung",
+        ),
+        Case(
+            "containers-no-host-pids-one-hung",
+            "hang",
+            _containers(
+                node(local=4, job="job-b", gpu0=4, pid0=42_000, progress=False),
+                node(local=4, job="job-a", pid0=41_000, progress=False),
+            ),
+            script(BOOT, TRAIN, (400.0, lambda w: hang(w, w.job("job-b")))),
+            800,
+            Expect(
+                "hang",
+                alert_within_s=60.0,
+                limit="no progress files and no rank tied to a GPU: cannot_judge from the start",
+                ends_in=frozenset({V.CANNOT_JUDGE}),
+            ),
+            onset_s=400,
+            describe="two jobs in containers without host PIDs, no integration; job-b hangs; before: healthy",
+        ),
+        Case(
+            "loader-hang-no-progress-files",
+            "hang",
+            node(progress=False),
+            script(BOOT, TRAIN, (400.0, lambda w: (hang(w), w.set_gpus("idle_mem")))),
+            1000,
+            Expect(
+                "hang",
+                alert_within_s=360.0,
+                limit="GPUs idle with memory held, ranks asleep: a hung loader and a paused job look the "
+                "same - cannot_judge after idle_held_after_s",
+                ends_in=frozenset({V.CANNOT_JUDGE}),
+            ),
+            onset_s=400,
+            describe="a hung data loader without progress files; before: healthy forever",
+        ),
+    ]
+
+
 def _flaky_hang(w: World) -> None:
     hang(w)
     w.set_gpus("flaky:spin")
 
 
 def all_cases() -> list[Case]:
-    return healthy_cases() + hang_cases() + stack_cases()
+    return healthy_cases() + hang_cases() + stack_cases() + wild_cases()
 
 
 __all__ = ["all_cases", "hang_cases", "healthy_cases"]

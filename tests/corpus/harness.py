@@ -59,6 +59,8 @@ ACTIVITY: dict[str, tuple[float, float]] = {
     "idle": (0.10, 0.00),
     "starve": (0.26, 0.45),
     "busy_loop": (0.55, 1.00),
+    # a spin whose power sits on the communication band's edge (0.28-0.32 of the limit at 100 %)
+    "spin_edge": (0.30, 1.00),
 }
 
 
@@ -98,6 +100,9 @@ class SimRank:
     """The rank's Python stack as py-spy would dump it (innermost first; None: not sampled)."""
     cpu_ratio: float = 0.05
     """Host CPU share of one core (0.05: asleep in a collective or a sleep; 1.0: NCCL spinning)."""
+    host_pids: bool = True
+    """False: the rank runs in a container without host PIDs - NVML's process list does not name it,
+    so nothing ties it to its GPU (the GPU still draws what the rank does)."""
     writer: ProgressWriter | None = None
     _written_phase: tuple[str, float | None] | None = None
     phase_started: float = 0.0
@@ -144,6 +149,9 @@ class Expect:
     """Healthy: the only verdicts it may take (None: anything but the hung ones)."""
     limit: str = ""
     """For a hang this node cannot prove: why (printed in the scorecard)."""
+    ends_in: frozenset[Verdict] | None = None
+    """The verdicts the case may end in (None: any): a hang alerted as ``slow`` or not judged at all
+    is misnamed even when some alert fired."""
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,9 @@ class Result:
             if e.alert_within_s is not None and (a is None or a > e.alert_within_s):
                 got = "never" if a is None else f"{a:.0f} s"
                 out.append(f"alerted {got} after onset, wanted <= {e.alert_within_s:.0f} s")
+        if e.ends_in is not None and self.timeline and self.timeline[-1][1] not in e.ends_in:
+            wanted = sorted(str(v) for v in e.ends_in)
+            out.append(f"ends in {self.timeline[-1][1]}, wanted one of {wanted}")
         bystanders = {p for _, _, pids in self.sigterm_plans for p in pids} - self.job_pids
         if bystanders:
             out.append(f"bystander pids {sorted(bystanders)} in a SIGTERM plan")
@@ -276,8 +287,8 @@ def _process(r: SimRank, gpu_pids_visible: bool) -> RankProcess:
         rank=r.rank,
         local_rank=r.local_rank,
         world_size=r.world_size,
-        gpu=r.gpu,
-        gpus=(r.gpu,) if r.gpu is not None and gpu_pids_visible else (),
+        gpu=r.gpu if r.host_pids else None,
+        gpus=(r.gpu,) if r.gpu is not None and gpu_pids_visible and r.host_pids else (),
         found_by="progress" if r.progress else "nvml",
         alive=r.alive,
         status=r.status if r.alive else None,

@@ -21,7 +21,7 @@ def test_make_demo_catches_and_kills_the_real_deadlock(tmp_path: Path) -> None:
     require_binary("prometheus-alertmanager", "Debian package prometheus-alertmanager (the demo's receiver)")
     out = tmp_path / "demo"
     r = subprocess.run(
-        [sys.executable, "-m", "ft_trainer.demo", "--out", str(out), "--no-color"],
+        [sys.executable, "-m", "ft_trainer.devtools.demo", "--out", str(out), "--no-color"],
         cwd=REPO,
         capture_output=True,
         text=True,

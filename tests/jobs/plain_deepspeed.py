@@ -12,6 +12,11 @@ slow (its writes are throttled to take ``SLOW_SAVE_S`` seconds, 150 by default) 
 written its shard and waits in the save's collective (ZeRO-3's epilogue all-gather, then the
 final barrier). Then both finish and exit 0.
 
+MODE ``save_deadlock``: the field report's shape - uneven shards again (rank 0 has 2 batches, rank 1
+has 4), and the epoch ends with ``engine.save_checkpoint`` (a collective inside): rank 0 finishes its
+batches and blocks in the save's first collective while rank 1 still waits in its training step's
+gradient reduce-scatter. Neither ever returns.
+
 Each rank writes ``OUT_DIR/ready-<rank>`` once DeepSpeed is initialised and
 ``OUT_DIR/epoch-end-<rank>`` at its epoch end.
 """
@@ -79,6 +84,12 @@ def main() -> int:
             train_steps(engine, batches)
             (out / f"epoch-end-{rank}").write_text("")
             dist.barrier()  # rank 0 waits here; rank 1 is still in its backward's reduce-scatter
+        return 0
+    if mode == "save_deadlock":
+        batches = 2 if rank == 0 else 4  # uneven shards: nobody equalised the epoch
+        train_steps(engine, batches)
+        (out / f"epoch-end-{rank}").write_text("")
+        engine.save_checkpoint(str(out / "ckpt"), tag="epoch0")  # rank 0 blocks inside the save
         return 0
     if mode == "slow_save":
         train_steps(engine, 2)

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ft_trainer.pretokenize import PretokenizeOptions, pretokenize
-from ft_trainer.synthetic import synthetic_texts, write_jsonl, write_parquet, write_text_lines
-from ft_trainer.tokenization import train_byte_bpe
+from ft_trainer.data.pretokenize import PretokenizeOptions, pretokenize
+from ft_trainer.data.tokenization import train_byte_bpe
+from ft_trainer.devtools.synthetic import synthetic_texts, write_jsonl, write_parquet, write_text_lines
 
 TEXTS_SEED = 5
 HERE = Path(__file__).resolve().parent

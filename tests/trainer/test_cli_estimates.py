@@ -7,9 +7,9 @@ import json
 import pytest
 
 from ft_trainer.cli import COMMANDS, build_parser, main
-from ft_trainer.cluster import HostfileError, check_cluster, parse_hostfile
-from ft_trainer.estimates import checkpoint_bytes, zero3_memory
-from ft_trainer.presets import PRESETS
+from ft_trainer.planning.cluster import HostfileError, check_cluster, parse_hostfile
+from ft_trainer.planning.estimates import checkpoint_bytes, zero3_memory
+from ft_trainer.planning.presets import PRESETS
 from tests.trainer.conftest import JobWriter
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ft_trainer.cache import CacheError
 from ft_trainer.config import load_config
-from ft_trainer.data import JobData
-from ft_trainer.synthetic import synthetic_texts, write_text_lines
+from ft_trainer.data.cache import CacheError
+from ft_trainer.data.data import JobData
+from ft_trainer.devtools.synthetic import synthetic_texts, write_text_lines
 from tests.trainer.conftest import JobWriter, build_corpus, concat_rank_tokens, make_cache
 
 
@@ -108,7 +108,7 @@ def test_stream_mode_refuses_a_changed_corpus(
 def test_stream_mode_needs_the_index_tokenizer(
     tmp_path: Path, write_job: JobWriter, corpus: tuple[Path, list[str]]
 ) -> None:
-    from ft_trainer.tokenization import train_byte_bpe
+    from ft_trainer.data.tokenization import train_byte_bpe
 
     other = train_byte_bpe(synthetic_texts(200, seed=4), tmp_path / "other", vocab_size=300)
     cfg = load_config(write_job(model={"tokenizer": str(other)}, data={"mode": "stream"}))

@@ -31,8 +31,8 @@ def _worker(rank: int, init_file: str, job: str, out_dir: str) -> None:
     import torch.distributed as dist
 
     from ft_trainer.config import load_config
-    from ft_trainer.data import JobData
-    from ft_trainer.equalize import equalize_epoch
+    from ft_trainer.data.data import JobData
+    from ft_trainer.planning.equalize import equalize_epoch
 
     # a short collective timeout: a broken equalize fails the test in seconds instead of hanging for 30 min
     dist.init_process_group(

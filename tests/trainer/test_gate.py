@@ -15,11 +15,11 @@ import pytest
 
 from ft_trainer.cli import main
 from ft_trainer.config import load_config
-from ft_trainer.data import JobData
-from ft_trainer.estimates import checkpoint_bytes
+from ft_trainer.data.data import JobData
+from ft_trainer.devtools.synthetic import synthetic_texts, write_jsonl
 from ft_trainer.gate import run_gate
-from ft_trainer.presets import PRESETS
-from ft_trainer.synthetic import synthetic_texts, write_jsonl
+from ft_trainer.planning.estimates import checkpoint_bytes
+from ft_trainer.planning.presets import PRESETS
 from tests.trainer.conftest import JobWriter, make_cache
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def test_missing_manifest_says_resume(
 def test_content_change_caught_by_sample_or_deep(
     capsys: pytest.CaptureFixture[str], write_job: JobWriter, tmp_path: Path, tokenizer_dir: Path
 ) -> None:
-    from ft_trainer.cache import sample_windows
+    from ft_trainer.data.cache import sample_windows
 
     write_jsonl(tmp_path / "big" / "big.jsonl", synthetic_texts(2500, seed=6, mean_words=60))
     cache = make_cache(tmp_path / "big", tmp_path / "bigcache", tokenizer_dir, shard_bytes=64 << 20)
@@ -254,7 +254,7 @@ def test_other_invariants_fail_with_their_own_messages(
         in by_name(rep)["batch_arithmetic"]["detail"]
     )
 
-    from ft_trainer.tokenization import train_byte_bpe
+    from ft_trainer.data.tokenization import train_byte_bpe
 
     other = train_byte_bpe(synthetic_texts(100, seed=8), tmp_path / "othertok", vocab_size=300)
     rc, rep = gate(capsys, write_job(model={"tokenizer": str(other)}))
@@ -308,7 +308,8 @@ def test_bad_config_exits_2_naming_file_and_key(
     assert rc == 2
     rep = json.loads(cap.out)
     assert rep["ok"] is False and rep["invariants"][0]["name"] == "config"
-    assert f"{job}: data.micro_batch: expected an integer >= 1, got -1" in cap.err
+    line = job.read_text().splitlines().index("micro_batch = -1") + 1
+    assert f"{job}:{line}: data.micro_batch: expected an integer >= 1, got -1" in cap.err
 
 
 def test_gate_process_imports_neither_torch_nor_deepspeed(write_job: JobWriter) -> None:
@@ -365,7 +366,7 @@ def test_console_script_exit_codes(write_job: JobWriter, imbalanced_cache: Path)
 def test_gate_and_training_share_the_plan(write_job: JobWriter) -> None:
     cfg = load_config(write_job(job={"epochs": 3}))
     report = run_gate(cfg)
-    from ft_trainer.plan import plan_fingerprint
+    from ft_trainer.planning.plan import plan_fingerprint
 
     data = JobData.open(cfg)
     assert report.fingerprint == plan_fingerprint([data.epoch_plan(e) for e in range(3)])

@@ -7,8 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ft_trainer.equalize import equalized_count, whole_steps
-from ft_trainer.plan import PackingParams, build_epoch_plan, epoch_order, plan_fingerprint, split_by_tokens
+from ft_trainer.planning.equalize import equalized_count, whole_steps
+from ft_trainer.planning.plan import (
+    PackingParams,
+    build_epoch_plan,
+    epoch_order,
+    plan_fingerprint,
+    split_by_tokens,
+)
 
 
 def params(**kw: int | bool) -> PackingParams:

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ft_trainer.cache import MANIFEST, CacheIndex, CacheTokens, load_manifest, npy_header
-from ft_trainer.pretokenize import PretokenizeOptions, pretokenize, token_dtype
-from ft_trainer.sources import SourceError
-from ft_trainer.synthetic import synthetic_texts, write_jsonl
-from ft_trainer.tokenization import load_tokenizer
+from ft_trainer.data.cache import MANIFEST, CacheIndex, CacheTokens, load_manifest, npy_header
+from ft_trainer.data.pretokenize import PretokenizeOptions, pretokenize, token_dtype
+from ft_trainer.data.sources import SourceError
+from ft_trainer.data.tokenization import load_tokenizer
+from ft_trainer.devtools.synthetic import synthetic_texts, write_jsonl
 from tests.trainer.conftest import build_corpus, make_cache
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ft_trainer.cli import main
-from ft_trainer.scaling import RunError, load_run, scaling_rows, steady_steps
+from ft_trainer.train.scaling import RunError, load_run, scaling_rows, steady_steps
 
 TOKENS_PER_EPOCH = 1.0e9
 SEQ = 4096
@@ -86,7 +86,7 @@ def test_rows_speedup_efficiency_and_epoch_cost(runs: list[Path]) -> None:
 
 
 def test_warmup_after_each_start_is_skipped(runs: list[Path]) -> None:
-    from ft_trainer.throughput import read_metrics
+    from ft_trainer.train.throughput import read_metrics
 
     records = read_metrics(runs[0] / "metrics.jsonl")
     kept = steady_steps(records)  # 40 steps -> skip 4 after each start

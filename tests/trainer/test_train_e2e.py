@@ -21,12 +21,18 @@ from pathlib import Path
 
 import pytest
 
-from ft_trainer.checkpoint import COMPLETE_FILE, FAULT_EXIT_CODE, list_checkpoints, read_latest, tag_for_step
 from ft_trainer.config import load_config
-from ft_trainer.data import JobData
-from ft_trainer.scaling import load_run, scaling_rows
-from ft_trainer.testing import LocalRun, TinyData, launch_local, prepare_tiny_data, write_tiny_job
-from ft_trainer.throughput import read_metrics
+from ft_trainer.data.data import JobData
+from ft_trainer.devtools.testing import LocalRun, TinyData, launch_local, prepare_tiny_data, write_tiny_job
+from ft_trainer.train.checkpoint import (
+    COMPLETE_FILE,
+    FAULT_EXIT_CODE,
+    list_checkpoints,
+    read_latest,
+    tag_for_step,
+)
+from ft_trainer.train.scaling import load_run, scaling_rows
+from ft_trainer.train.throughput import read_metrics
 from gpu_triage.signals.progress import parse_record
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(600)]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from ft_trainer.config import load_config
-from ft_trainer.data import JobData
-from ft_trainer.testing import launch_local, prepare_tiny_data, write_tiny_job
-from ft_trainer.throughput import read_metrics
+from ft_trainer.data.data import JobData
+from ft_trainer.devtools.testing import launch_local, prepare_tiny_data, write_tiny_job
+from ft_trainer.train.throughput import read_metrics
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -22,7 +22,7 @@ def test_local_hf_model_dir_is_loaded_and_trained(tmp_path: Path, tokenizer_dir:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from ft_trainer.presets import PRESETS
+    from ft_trainer.planning.presets import PRESETS
 
     data = prepare_tiny_data(tmp_path / "data", tokenizer_dir=tokenizer_dir)
     fields = PRESETS["tiny-qwen3"].hf_config_dict()

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ft_trainer.checkpoint import (
+from ft_trainer.config import ConfigError, load_config
+from ft_trainer.planning.estimates import checkpoint_bytes
+from ft_trainer.planning.presets import PRESETS
+from ft_trainer.train.checkpoint import (
     COMPLETE_FILE,
     LATEST_FILE,
     CheckpointInfo,
@@ -29,14 +32,11 @@ from ft_trainer.checkpoint import (
     tag_for_step,
     write_latest,
 )
-from ft_trainer.config import ConfigError, load_config
-from ft_trainer.ds_config import build_ds_config, deep_merge, load_override, optimizer_impl
-from ft_trainer.estimates import checkpoint_bytes
-from ft_trainer.model import check_weights_match_preset, resolve_init
-from ft_trainer.presets import PRESETS
-from ft_trainer.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, mfu, read_metrics
+from ft_trainer.train.ds_config import build_ds_config, deep_merge, load_override, optimizer_impl
+from ft_trainer.train.model import check_weights_match_preset, resolve_init
 from ft_trainer.train.schedule import LrSchedule, lr_at, total_optimizer_steps
 from ft_trainer.train.settings import train_settings
+from ft_trainer.train.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, mfu, read_metrics
 from tests.trainer.conftest import JobWriter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,12 +91,12 @@ def test_defaults_and_values(write_job: JobWriter) -> None:
         ({"optim": {"warmup_steps": 5, "warmup_ratio": 0.1}}, "optim.warmup_ratio: expected warmup_steps or"),
         (
             {"optim": {"schedule": "step"}},
-            "optim.schedule: expected one of cosine, linear, constant, got 'step'",
+            'optim.schedule: expected one of cosine, linear, constant, got "step"',
         ),
-        ({"deepspeed": {"bf16": "yes"}}, "deepspeed.bf16: expected \"auto\", true or false, got 'yes'"),
+        ({"deepspeed": {"bf16": "yes"}}, 'deepspeed.bf16: expected "auto", true or false, got "yes"'),
         ({"deepspeed": {"override": "nope.json"}}, "deepspeed.override: expected an existing JSON file"),
         ({"zero": {"offload_optimizer": "nvme"}}, "deepspeed.nvme_path: expected a local NVMe directory"),
-        ({"progress": {"job": "a/b"}}, "progress.job: expected job name 'a/b'"),
+        ({"progress": {"job": "a/b"}}, "progress.job: expected job name 'a/b'"),  # check_job_name's words
         (
             {"progress": {"min_lease_s": 100, "max_lease_s": 10}},
             "progress.max_lease_s: expected >= progress.min",
@@ -106,7 +106,7 @@ def test_defaults_and_values(write_job: JobWriter) -> None:
             "metrics.gpu_model: expected one of B300, B200, H200, H100, A100",
         ),
         ({"train": {"init": "pretrained"}}, "train.init: expected model.path or train.weights"),
-        ({"train": {"device": "tpu"}}, "train.device: expected one of auto, cpu, cuda, got 'tpu'"),
+        ({"train": {"device": "tpu"}}, 'train.device: expected one of auto, cpu, cuda, got "tpu"'),
         (
             {"model": {"preset": "qwen3-32b", "tokenizer": None}},
             "train.weights: expected the qwen3-32b weights (a local Hugging Face directory), or train.init",
@@ -117,8 +117,43 @@ def test_errors_name_file_key_expected_and_actual(write_job: JobWriter, sections
     job = with_lists(write_job(**sections))
     with pytest.raises(ConfigError) as exc:
         train_settings(load_config(job))
-    assert str(exc.value).startswith(f"{job}: "), str(exc.value)
-    assert message in str(exc.value)
+    msg = str(exc.value)
+    assert len(exc.value.problems) == 1, msg
+    found = re.match(rf"{re.escape(str(job))}(?::(\d+))?: ", msg)
+    assert found, msg
+    key = message.split(":")[0]
+    if found.group(1):  # the key's line (a key the file does not have: its section's header)
+        line = job.read_text().splitlines()[int(found.group(1)) - 1]
+        section, leaf = key.split(".")
+        assert line.split(" =")[0] in (leaf, "betas") or line == f"[{section}]", (line, key)
+    else:  # only a key whose section the file does not have goes without a line
+        assert f"[{key.split('.')[0]}]" not in job.read_text(), msg
+    assert message in msg
+
+
+def test_every_problem_in_the_training_sections_at_once(write_job: JobWriter) -> None:
+    job = with_lists(
+        write_job(
+            train={"device": "tpu", "max_stepz": 3},
+            optim={"lr": 0, "betas": [0.9, 1.5]},
+            progress={"min_lease_s": 100, "max_lease_s": 10},
+        )
+    )
+    with pytest.raises(ConfigError) as exc:
+        train_settings(load_config(job))
+    lines = job.read_text().splitlines()
+    problems = exc.value.problems
+    assert [p.key for p in problems] == [
+        "train.device",
+        "train.max_stepz",
+        "optim.lr",
+        "optim.betas",
+        "progress.max_lease_s",
+    ]
+    for problem in problems:  # each at its own line, in file order
+        assert problem.line is not None and lines[problem.line - 1].startswith(problem.key.split(".")[1])
+    assert [p.line for p in problems] == sorted(p.line for p in problems if p.line is not None)
+    assert "optim.betas: expected two numbers in [0, 1), e.g. [0.9, 0.95], got [0.9, 1.5]" in str(exc.value)
 
 
 # ------------------------------------------------------------------------------------------ ds_config
@@ -338,7 +373,9 @@ def _ft_trainer(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
 def test_train_refuses_bad_jobs_and_launches_with_exit_2(write_job: JobWriter, tmp_path: Path) -> None:
     bad = write_job(name="bad.toml", optim={"lr": 0})
     proc = _ft_trainer("train", "--config", str(bad))
-    assert proc.returncode == 2 and f"{bad}: optim.lr: expected a learning rate > 0, got 0" in proc.stderr
+    lr_line = bad.read_text().splitlines().index("lr = 0") + 1
+    assert proc.returncode == 2
+    assert f"{bad}:{lr_line}: optim.lr: expected a learning rate > 0, got 0" in proc.stderr
 
     # the launcher started 1 rank, the job (and its plan) is for 2
     job = write_job(name="good.toml")

@@ -1,7 +1,7 @@
 """A seeded mutation fuzzer for the three hostile inputs: nvidia-smi CSV recordings, config files and
 progress files (issue 11). Run by ``test_fuzz.py`` in a subprocess with a memory cap::
 
-    python -m tests.watchdog.fuzz_inputs {csv|config|progress|names} COUNT SEED
+    python -m tests.watchdog.fuzz_inputs {csv|config|progress|prometheus|names} COUNT SEED
 
 Each input is a valid seed document mutated a few times (bytes flipped, inserted, deleted,
 duplicated; lines spliced, truncated; hostile tokens - NaN, Infinity, 1e309, huge integers, deep
@@ -13,6 +13,8 @@ a *clean* outcome:
 - ``config``: :func:`load_config` returns a Config or raises ConfigError naming the file;
 - ``progress``: :func:`parse_record` returns a record or raises ProgressFormatError, and a
   :class:`ProgressReader` over the file lists it as a per-file error or reads it;
+- ``prometheus``: a Prometheus query answer (other nodes' facts, issue 21): ``parse_vector`` returns
+  samples or raises PromError; the facts built from them and the fusion rule never raise;
 - ``names``: directory and file names as bytes (:func:`run_names`): the reader reads the job or
   reports it, and its reports, log lines, environment job keys and event-store rows stay printable,
   bounded, one line each.
@@ -295,10 +297,90 @@ def run_names(data: bytes, tmp: Path) -> str:
     return "result" if view.jobs else "error"
 
 
+def prometheus_seeds() -> list[bytes]:
+    """Prometheus's answers to the fleet selector (issue 21): other nodes' facts about one job."""
+    job, t = "master-10.0.0.1:29500", 1_700_000_000.0
+    series = []
+    for node, ranks in (("node-a", (0, 1)), ("node-b", (2, 3))):
+        base = {"training_job": job, "fleet_node": node, "job": "gpu-watchdog", "instance": f"{node}:9410"}
+        series.append(
+            {
+                "metric": {"__name__": "gpu_watchdog_fleet_facts_timestamp_seconds", **base},
+                "value": [t, str(t - 1)],
+            }
+        )
+        series.append({"metric": {"__name__": "gpu_watchdog_fleet_world_size", **base}, "value": [t, "4"]})
+        series.append(
+            {
+                "metric": {"__name__": "gpu_watchdog_fleet_verdict", **base, "verdict": "stalled"},
+                "value": [t, "1"],
+            }
+        )
+        series.append(
+            {"metric": {"__name__": "gpu_watchdog_fleet_io_active", **base, "io": "write"}, "value": [t, "0"]}
+        )
+        for r in ranks:
+            rl = {**base, "rank": str(r)}
+            where = (
+                "collective barrier @ train.py:90 main"
+                if r == 0
+                else "collective all_reduce @ train.py:40 main"
+            )
+            series.append(
+                {
+                    "metric": {
+                        "__name__": "gpu_watchdog_fleet_rank_stack_since_timestamp_seconds",
+                        **rl,
+                        "phase": "collective",
+                        "where": where,
+                    },
+                    "value": [t, str(t - 60)],
+                }
+            )
+            series.append(
+                {
+                    "metric": {"__name__": "gpu_watchdog_fleet_rank_stack_sampled_timestamp_seconds", **rl},
+                    "value": [t, str(t - 2)],
+                }
+            )
+            series.append({"metric": {"__name__": "gpu_watchdog_fleet_rank_step", **rl}, "value": [t, "120"]})
+            series.append(
+                {
+                    "metric": {
+                        "__name__": "gpu_watchdog_fleet_rank_phase_since_timestamp_seconds",
+                        **rl,
+                        "phase": "train",
+                    },
+                    "value": [t, str(t - 600)],
+                }
+            )
+    ok = {"status": "success", "data": {"resultType": "vector", "result": series}}
+    err = {"status": "error", "errorType": "bad_data", "error": "invalid parameter"}
+    return [json.dumps(ok).encode(), json.dumps(ok, indent=1).encode(), json.dumps(err).encode()]  # fmt: skip
+
+
+def run_prometheus(data: bytes, tmp: Path) -> str:
+    """A Prometheus answer: parsed into samples or refused (PromError); then the other nodes' facts
+    and the fusion rule on them never raise."""
+    from gpu_triage.signals.fleet.fusion import FusionConfig, fuse
+    from gpu_triage.signals.fleet.prom_client import PromError, parse_vector
+    from gpu_triage.signals.fleet.remote import remote_facts
+
+    try:
+        samples = parse_vector(data)
+    except PromError:
+        return "error"
+    remote = remote_facts("master-10.0.0.1:29500", samples, own_node="node-c", asked_at=1_700_000_001.0)
+    fuse(1_700_000_001.0, own_node="node-c", world_size=6, local_ranks=[4, 5], local_stacks=None,
+         remote=remote, cfg=FusionConfig())  # fmt: skip
+    return "result"
+
+
 FORMATS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes, Path], str]]] = {
     "csv": (csv_seeds, run_csv),
     "config": (config_seeds, run_config),
     "progress": (progress_seeds, run_progress),
+    "prometheus": (prometheus_seeds, run_prometheus),
     "names": (name_seeds, run_names),
 }
 

@@ -552,6 +552,36 @@ def test_restarted_engine_adopts_an_alert_that_is_still_true(tmp_path: Path, sto
     assert ("alert", "adopted") in d2.actions()
 
 
+def test_a_restarted_engine_resumes_the_episode_it_had_in_progress(
+    tmp_path: Path, store: EventStore, procs: Procs
+) -> None:
+    """Restarted mid-hang (suspected, captured, not yet killed), the engine continues the episode: no
+    second ladder, no second bundle, no 'deterministic hang' refusal although the restarted detector
+    re-dates the onset; the job is killed once."""
+    clock = FakeClock()
+    pids, processes = two_ranks(procs, mode="obey")
+    rank_pids = [p.pid for p in processes[JOB]]
+    eng = make_engine(store, tmp_path, clock, max_kills_per_hour=10)
+    d = Driver(eng, clock)
+    try:
+        d.run(12, Mode.KILL, [make_job(Verdict.DEADLOCK_SUSPECTED, ranks=2, pids=rank_pids)], processes)
+        assert d.actions()[:3] == [("ladder", "started"), ("capture", "started"), ("capture", "ok")]
+    finally:
+        eng.close()
+    eng2 = make_engine(store, tmp_path, clock, max_kills_per_hour=10)  # a restarted daemon
+    d2 = Driver(eng2, clock)
+    redated = make_job(Verdict.DEADLOCK_CONFIRMED, ranks=2, pids=rank_pids, onset=clock() - 20.0)
+    try:
+        d2.run(40, Mode.KILL, [redated], processes)
+        assert wait_dead(pids)
+    finally:
+        eng2.close()
+    assert d2.actions("ladder") == [("ladder", "resumed")]
+    assert ("capture", "started") not in d2.actions()
+    assert not [a for a in d2.actions() if a[1] == "refused"]
+    assert d2.actions("sigterm")[:2] == [("sigterm", "started"), ("sigterm", "ok")]
+
+
 def test_five_minute_outage_loses_nothing_and_cycle_time_stays_flat(
     tmp_path: Path, store: EventStore
 ) -> None:

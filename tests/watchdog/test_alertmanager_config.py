@@ -47,7 +47,7 @@ def test_amtool_check_config() -> None:
     result = amtool("check-config", str(CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
-    assert "2 inhibit rules" in result.stdout and "2 receivers" in result.stdout
+    assert "3 inhibit rules" in result.stdout and "2 receivers" in result.stdout
 
 
 def test_no_secret_is_inline() -> None:
@@ -262,3 +262,38 @@ def test_a_real_alertmanager_pages_copies_to_slack_and_inhibits(
     time.sleep(1.5)  # one more group interval: still exactly one page and no message for node-a's suspicion
     assert len(receivers.received("/v2/enqueue")) == 1
     assert len(receivers.received("/slack")) == 2
+
+
+@pytest.mark.slow
+def test_a_job_hung_on_many_nodes_pages_once(alertmanager: tuple[httpx.Client, Receivers]) -> None:
+    """The job-wide alert (no node label) inhibits every node's deadlock alerts of the same job."""
+    client, receivers = alertmanager
+    job_wide = alert("GpuWatchdogJobHung", "critical", "", "deadlock_confirmed")
+    del job_wide["labels"]["node"], job_wide["labels"]["verdict"]
+    job_wide["labels"]["scope"] = "job"
+    posted = client.post(
+        "/api/v2/alerts",
+        json=[
+            job_wide,
+            *(
+                alert("GpuWatchdogDeadlockConfirmed", "critical", n, "deadlock_confirmed")
+                for n in ("node-a", "node-b")
+            ),
+            alert("GpuWatchdogDeadlockSuspected", "warning", "node-c", "deadlock_suspected"),
+        ],
+    )
+    assert posted.status_code == 200, posted.text
+    (page,) = wait_for("the PagerDuty event", lambda: receivers.received("/v2/enqueue"))
+    assert page["payload"]["summary"] == "GpuWatchdogJobHung on " and page["payload"]["group"] == JOB
+    time.sleep(1.5)  # one more group interval: still one page, and nothing for the nodes
+    assert len(receivers.received("/v2/enqueue")) == 1
+    states = {
+        (a["labels"]["alertname"], a["labels"].get("node")): a["status"]["state"]
+        for a in client.get("/api/v2/alerts").json()
+    }
+    assert states == {
+        ("GpuWatchdogJobHung", None): "active",
+        ("GpuWatchdogDeadlockConfirmed", "node-a"): "suppressed",
+        ("GpuWatchdogDeadlockConfirmed", "node-b"): "suppressed",
+        ("GpuWatchdogDeadlockSuspected", "node-c"): "suppressed",
+    }

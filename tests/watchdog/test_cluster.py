@@ -455,3 +455,42 @@ def test_status_of_an_unreachable_daemon_exits_2(capsys: pytest.CaptureFixture[s
     code, out, _err = run_cli(capsys, "status", "--url", dead, "--json", "--timeout", "0.5")
     assert code == 2
     assert json.loads(out)["url"] == dead
+
+
+def test_status_says_what_the_daemon_cannot_judge_and_why() -> None:
+    from gpu_triage.cli.status import exit_code, render
+
+    doc = {
+        "node": "node-c",
+        "source": "nvml",
+        "mode": "observe",
+        "armed": False,
+        "cycle": 3,
+        "time": 1_764_676_800.0,
+        "gpus": [],
+        "jobs": [
+            {
+                "job": "container-job",
+                "ranks": [{"rank": 0, "step": None}],
+                "verdict": "cannot_judge",
+                "cause": "no_signals: no progress files; no rank is tied to a GPU",
+                "onset": None,
+                "raised": 1_764_676_790.0,
+                "evidence": {
+                    "gpus": [],
+                    "gpus_unknown": True,
+                    "cannot_judge": [
+                        {"what": "steps", "why": "no progress files (no integration)"},
+                        {"what": "power", "why": "no rank is tied to a GPU"},
+                    ],
+                },
+            }
+        ],
+    }
+    text = render(doc, "http://node-c:9410")
+    assert "cannot_judge (no_signals: no progress files; no rank is tied to a GPU)" in text
+    assert (
+        "container-job cannot judge: steps (no progress files (no integration)); "
+        "power (no rank is tied to a GPU)" in text
+    )
+    assert exit_code(doc) == 0  # not a deadlock: the contract's exit codes are unchanged

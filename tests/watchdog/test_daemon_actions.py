@@ -67,7 +67,7 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
         [
             sys.executable,
             "-m",
-            "ft_trainer.simjob",
+            "gpu_triage.demo.simjob",
             "--progress-dir",
             str(progress),
             "--start-epoch",

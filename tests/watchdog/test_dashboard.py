@@ -40,6 +40,7 @@ from gpu_triage.serving.api import create_app
 from gpu_triage.serving.http_server import HttpServer
 from gpu_triage.serving.metrics import METRIC_NAMES
 from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.fleet.facts import JobFacts, RankFacts
 from tests.conftest import REPO, require_binary
 from tests.watchdog.snapshots import gpu_status, rank_status
 
@@ -195,6 +196,20 @@ def live_snapshot(cycle: int, now: float) -> Snapshot:
         raised=now - 20.0,
         evidence={"gpus_in_band": list(range(6)), "step_frozen_s": 60.0},
     )
+    # the same job's facts for the other nodes (the job view): rank 3 stopped first and lags
+    where = "collective all_reduce @ train.py:40 main"
+    facts = JobFacts(
+        JOB, NODE, now, 16, "deadlock_suspected", now - 60.0, True, False, False,
+        tuple(
+            RankFacts(
+                r, "collective", "collective barrier @ train.py:90 main" if r == LAGGING_RANK else where,
+                now - 70.0 + r, now - 1.0, step=1180 if r == LAGGING_RANK else 1200,
+                step_changed_at=now - (300.0 if r == LAGGING_RANK else 70.0), phase="train",
+                phase_since=now - 3000.0, spin_since=now - 100.0 + r if r < 6 else None,
+            )
+            for r in range(8)
+        ),
+    )  # fmt: skip
     return Snapshot(
         node=NODE,
         source="sim",
@@ -211,6 +226,7 @@ def live_snapshot(cycle: int, now: float) -> Snapshot:
         counters={"cycles_total": float(cycle)},
         actions={("capture", "ok"): 1 + cycle // 20, ("alert", "ok"): 1},
         version="0.1.0",
+        fleet=(facts,),
     )
 
 
@@ -467,6 +483,11 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(prometheus_over_t
     lag = alerts["GpuWatchdogRankStepLag"]
     assert [(a["training_job"], a["rank"]) for a in lag] == [(JOB, str(LAGGING_RANK))]
     assert "GpuWatchdogDaemonDown" not in alerts
+    # the job view: the rank that stopped first, named with the node that reports it
+    (first,) = prom.api(
+        "/api/v1/query", query="training_job:gpu_watchdog_fleet_first_stopped:timestamp_seconds"
+    )["result"]
+    assert (first["metric"]["fleet_node"], first["metric"]["rank"]) == (NODE, str(LAGGING_RANK))
     assert time.monotonic() - started < 45.0
 
 

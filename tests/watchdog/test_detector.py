@@ -292,6 +292,8 @@ def test_daemon_config_mirrors_the_detector_config():
     theirs = {f.name: f.default for f in dataclasses.fields(config.DetectorConfig)}
     # the stack thresholds come from [stacks] (config.StacksConfig.detector_settings)
     theirs.update(config.StacksConfig().detector_settings())
+    # the fleet's staleness from [cluster], this node's name from [daemon] node
+    theirs.update(config.ClusterConfig().detector_settings(), fleet_node="this node")
     assert ours == theirs
 
 
@@ -442,3 +444,140 @@ def test_step_timing_rises_at_once_and_comes_down_slowly():
     t.observe_first_step(FirstStep.AFTER_START, 400.0)
     assert t.first_step_budget_s(FirstStep.AFTER_START) == 800.0
     assert t.first_step_budget_s(FirstStep.AFTER_LEASE) == 2.5 * t.interval_s()
+
+
+# -- issue 19: slow that never ends, jobs that cannot be judged ----------------------------------
+
+COMM = GpuState.COMMUNICATION
+
+
+def _frozen_from(t0: float, gpus: Callable[[float, Job], None]):
+    def script(t: float, job: Job) -> None:
+        if t < t0:
+            job.advance(t)
+            job.set_gpus(C, t)
+        else:
+            gpus(t, job)
+
+    return script
+
+
+def test_a_busy_loop_beside_spinning_gpus_is_stalled_not_slow():
+    """Rank 3 computes forever, the others spin, steps frozen: not slowness (before: slow forever)."""
+
+    def gpus(t: float, job: Job) -> None:
+        job.set_gpus(SPIN, t)
+        job.set_gpus(C, t, [3])
+
+    out = drive(Job(), _frozen_from(100, gpus), 600)
+    assert Verdict.SLOW not in {v for _, v, _ in out}
+    assert out[-1][1] is Verdict.STALLED
+
+
+def test_a_spin_on_the_communication_band_edge_is_stalled_not_slow():
+    def gpus(t: float, job: Job) -> None:
+        job.set_gpus(COMM, t, range(0, 8, 2))
+        job.set_gpus(SPIN, t, range(1, 8, 2))
+
+    out = drive(Job(), _frozen_from(100, gpus), 600)
+    assert Verdict.SLOW not in {v for _, v, _ in out}
+    assert out[-1][1] is Verdict.STALLED
+
+
+def test_slow_escalates_to_stalled_after_slow_max_budgets_and_never_to_a_hang():
+    cfg = DetectorConfig(slow_max_budgets=4.0)
+    out = drive(Job(), _frozen_from(100, lambda t, job: job.set_gpus(C, t)), 600, cfg=cfg)
+    slow, stalled = first(out, Verdict.SLOW), first(out, Verdict.STALLED)
+    assert slow is not None and stalled is not None
+    budget = max(cfg.stall_min_s, cfg.k_stall * 1.0)  # 1 s steps learned
+    assert stalled[0] >= 99 + cfg.slow_max_budgets * budget > slow[0]  # last step at 99 s
+    assert not {v for _, v, _ in out} & {Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED}
+
+
+def test_no_progress_files_and_no_gpu_of_its_own_cannot_be_judged():
+    """Ranks tied to no GPU (a container without host PIDs), no progress files, no stacks: the
+    daemon says what it cannot judge and why, never healthy."""
+    det = Detector()
+    ranks = tuple(RankView(rank=r, pid=2000 + r, alive=True, status="sleeping") for r in range(2))
+    jobs = [JobView("a", ranks, has_progress=False), JobView("b", ranks, has_progress=False)]
+    gpus = [GpuView(g, C, 0.0) for g in range(4)]
+    for t in range(0, 40):
+        out = det.update(float(t), gpus, jobs)
+        if t < DetectorConfig().stacks_fresh_s:  # a grace: the sampler's first dumps may be pending
+            assert {st.verdict for st in out} == {Verdict.HEALTHY}
+    for status in out:
+        assert status.verdict is Verdict.CANNOT_JUDGE and not status.kill_worthy
+        assert status.cause is not None and "no rank is tied to a GPU" in status.cause
+        assert status.evidence["gpus_unknown"] is True
+        assert {x["what"] for x in status.evidence["cannot_judge"]} == {"steps", "power", "stacks"}
+
+
+def test_progress_only_jobs_with_unknown_gpus_say_their_gpus_are_unknown():
+    """Two jobs with progress files whose ranks no GPU names (containers without host PIDs): judged
+    on their steps, and their status says the GPUs are unknown instead of naming none silently."""
+    det = Detector()
+    jobs = [
+        JobView(
+            name,
+            tuple(
+                RankView(rank=r, pid=pid + r, alive=True, step=5, phase="train", step_changed_at=0.0)
+                for r in range(2)
+            ),
+            has_progress=True,
+        )
+        for name, pid in (("p", 2000), ("q", 3000))
+    ]
+    for status in det.update(1.0, [GpuView(g, C, 0.0) for g in range(4)], jobs):
+        assert status.verdict is Verdict.HEALTHY
+        assert status.evidence["gpus"] == [] and status.evidence["gpus_unknown"] is True
+        assert [x["what"] for x in status.evidence["cannot_judge"]] == ["power", "stacks"]
+
+
+def test_gpus_held_idle_without_progress_files_cannot_be_judged_never_a_kill():
+    cfg = DetectorConfig()
+
+    def script(t: float, job: Job) -> None:
+        job.set_gpus(C if t < 100 else IDLE, t)
+
+    out = drive(Job(progress=False), script, 100 + cfg.idle_held_after_s + 30)
+    assert {v for t, v, _ in out if t < 100 + cfg.idle_held_after_s} == {Verdict.HEALTHY}
+    t_s, onset = first(out, Verdict.CANNOT_JUDGE)
+    assert t_s == 100 + cfg.idle_held_after_s and onset == 100
+    assert not {v for _, v, _ in out} & {Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED}
+
+
+def test_a_restored_detector_continues_the_episode_where_the_previous_one_was():
+    """Detector.export/restore (a restarted daemon): the suspicion keeps its clock toward confirmation,
+    the onset stays, the learned interval stays - no healthy in between."""
+    job, script = Job(), hang_at(300)
+    det = Detector()
+    t = 0.0
+    while t <= 340:  # suspected at ~315
+        script(t, job)
+        gpus, jobs = job.views()
+        (status,) = det.update(t, gpus, jobs)
+        t += 1.0
+    assert status.verdict is Verdict.DEADLOCK_SUSPECTED
+    onset = status.onset
+    saved = det.export()
+    assert saved["ft"]["verdict"] == "deadlock_suspected" and saved["ft"]["interval_s"] is not None
+    again = Detector()
+    assert again.restore(json_roundtrip(saved)) == 1
+    seen = []
+    while t <= 460:
+        script(t, job)
+        gpus, jobs = job.views()
+        (status,) = again.update(t, gpus, jobs)
+        seen.append((t, status.verdict, status.onset))
+        t += 1.0
+    assert {v for _, v, _ in seen} <= {Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED}
+    confirmed = next(t for t, v, _ in seen if v is Verdict.DEADLOCK_CONFIRMED)
+    assert confirmed <= 315 + DetectorConfig().confirm_after_s + 2  # the clock did not restart
+    assert {o for _, _, o in seen} == {onset}
+    assert again.restore({"ft": {"verdict": "nonsense"}, "x": "junk"}) == 0  # bad entries skipped
+
+
+def json_roundtrip(value):
+    import json
+
+    return json.loads(json.dumps(value))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -134,3 +135,50 @@ def test_keep_alive_responses_are_not_held_back_by_nagle(server: HttpServer) -> 
             assert client.get("/status").status_code == 200
             durations_s.append(time.perf_counter() - start)
     assert sorted(durations_s)[10] < 0.030
+
+
+def test_slow_sockets_are_bounded_and_never_keep_healthz_out() -> None:
+    """1.1 x the connection cap of slowloris sockets (partial headers, never finished): the server keeps
+    at most ``max_connections`` of them, closes each after ``request_timeout_s`` without a request,
+    and a fresh /healthz connection is answered meanwhile. (Timeouts here prove nothing blocks.)"""
+    holder = SnapshotHolder(snapshot(cycle=3, time=_now()))
+    http = HttpServer(make_app(holder), "127.0.0.1", 0, max_connections=40, request_timeout_s=1.0)
+    http.start()
+    slow: list[socket.socket] = []
+    try:
+        for _ in range(44):
+            s = socket.create_connection(("127.0.0.1", http.port), timeout=5.0)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # never finished
+            slow.append(s)
+        with httpx.Client(base_url=http.url, timeout=3.0) as client:
+            response = client.get("/healthz")
+        assert response.status_code == 200 and response.json()["status"] == "ok"
+        assert http.protocol.evicted >= 4  # over the cap: the oldest slow ones went first
+        deadline = time.monotonic() + 10.0
+        for s in slow:  # every slow socket is closed by the server (EOF), none held for ever
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(ConnectionResetError):
+                assert s.recv(1024) == b""
+    finally:
+        for s in slow:
+            s.close()
+        http.stop(2.0)
+
+
+def test_a_request_whose_app_is_still_answering_is_not_cut() -> None:
+    app = FastAPI()
+
+    @app.get("/slow")
+    async def slow_route() -> dict[str, str]:
+        import asyncio
+
+        await asyncio.sleep(1.5)
+        return {"ok": "yes"}
+
+    http = HttpServer(app, "127.0.0.1", 0, request_timeout_s=0.5)
+    http.start()
+    try:
+        response = httpx.get(f"{http.url}/slow", timeout=5.0)
+        assert response.json() == {"ok": "yes"}
+    finally:
+        http.stop(2.0)

@@ -170,7 +170,7 @@ def test_run_in_observe_mode_logs_the_verdict_as_json(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "ft_trainer.simjob",
+            "gpu_triage.demo.simjob",
             "--progress-dir",
             str(progress),
             "--start-epoch",
@@ -231,3 +231,26 @@ def test_a_kill_through_slurm_says_so_on_its_line(captured) -> None:
     assert records[-1].getMessage() == (
         'kill job=slurm-42 sigterm ok via=slurm argv="scancel,--signal=TERM,--full,42" returncode=0'
     )
+
+
+def test_an_error_repeated_every_cycle_writes_a_few_lines_a_minute_not_millions() -> None:
+    """EMFILE while file descriptors are exhausted fails every cycle and every accept: the journal
+    gets ``burst`` lines per minute per message, then one that counts what was dropped."""
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure("info", "text", stream=stream)
+        log = logging.getLogger("gpu_triage.signals.processes")
+        for i in range(20000):
+            log.error("process scan failed: %s", f"[Errno 24] Too many open files: '/proc/{i}/stat'")
+        logging.getLogger("gpu_watchdog").warning("something else")
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
+    lines = stream.getvalue().splitlines()
+    assert len([x for x in lines if "process scan failed" in x]) == 10
+    assert lines[-1].endswith("something else")  # another message is not held back

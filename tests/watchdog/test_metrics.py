@@ -266,3 +266,19 @@ def test_promtool_would_complain_about_a_bad_exposition() -> None:
     )
     assert result.returncode != 0
     assert "_total" in result.stdout + result.stderr
+
+
+def test_gpus_held_idle_say_for_how_long_and_by_which_job() -> None:
+    """Issue 19: a GPU idle with memory held by a live process (a hung loader, a paused job) has a
+    series with the seconds it has been so, labelled with the job tied to it (empty: none)."""
+    snap = snapshot(gpus=4)
+    job = replace(snap.jobs[0], ranks=snap.jobs[0].ranks[:2])  # ranks on GPUs 0 and 1 only
+    held = replace(snap.gpus[1], state=GpuState.IDLE, state_since=T0 - 2000.0, power_w=190.0)
+    freed = replace(snap.gpus[2], state=GpuState.IDLE, state_since=T0 - 2000.0, memory_used_bytes=0.2 * 2**30)
+    orphan = replace(snap.gpus[3], state=GpuState.IDLE, state_since=T0 - 100.0)
+    snap = replace(snap, gpus=(snap.gpus[0], held, freed, orphan), jobs=(job,))
+    got = {
+        (s.labels["gpu"], s.labels["training_job"]): s.value
+        for s in samples(scrape(snap))["gpu_watchdog_gpu_held_idle_seconds"]
+    }
+    assert got == {("1", "qwen3-32b-ft"): 2000.0, ("3", ""): 100.0}

@@ -69,7 +69,7 @@ def test_file_has_exactly_the_contract_fields(tmp_path: Path, clock: Clock) -> N
     w.phase("train")
     w.step(1200, epoch=1, tokens=157286400)
     data = json.loads((tmp_path / JOB / "rank-1.json").read_text())
-    assert list(data) == list(FIELDS)
+    assert list(data) == [*FIELDS, "step_time", "phase_time"]
     assert data == {
         "job": JOB,
         "rank": 1,
@@ -83,11 +83,34 @@ def test_file_has_exactly_the_contract_fields(tmp_path: Path, clock: Clock) -> N
         "phase": "train",
         "lease_until": None,
         "time": T0,
+        "step_time": T0,
+        "phase_time": T0,
     }
     clock.advance(1.0)
     assert w.step(1201, epoch=1, tokens=157417472)
     data = json.loads((tmp_path / JOB / "rank-1.json").read_text())
     assert (data["step"], data["epoch"], data["tokens"], data["time"]) == (1201, 1, 157417472, T0 + 1)
+    assert (data["step_time"], data["phase_time"]) == (T0 + 1, T0)
+
+
+def test_step_time_is_when_the_step_changed_not_when_a_flusher_rewrote_it(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A flusher's heartbeat rewrites ``time`` every 30 s while a rank is blocked; ``step_time`` keeps
+    the moment the step changed, so a reader that starts in the middle of a hang dates it right."""
+    w = writer(tmp_path, clock)
+    w.phase("train")
+    clock.advance(2.0)
+    w.step(7)
+    for _ in range(4):
+        clock.advance(30.0)
+        assert w.tick(heartbeat_s=30.0)
+    data = json.loads((tmp_path / JOB / "rank-0.json").read_text())
+    assert data["time"] == T0 + 122 and data["step_time"] == T0 + 2
+    fresh = reader(tmp_path)  # a reader started now (a restarted daemon) sees the step frozen since T0 + 2
+    job = fresh.read(T0 + 122).jobs[JOB]
+    assert job.ranks[0].step_since_s == T0 + 2
+    assert job.ranks[0].step_frozen_s(T0 + 122) == 120
 
 
 def test_writer_and_reader_agree_on_the_vocabulary() -> None:
@@ -377,3 +400,47 @@ def test_real_pid_check_uses_psutil(tmp_path: Path, clock: Clock) -> None:
     w = ProgressWriter(JOB, 0, 0, 1, directory=tmp_path, clock=clock)  # this process's pid and host
     w.phase("train")
     assert list(ProgressReader(tmp_path).read(clock()).jobs[JOB].ranks) == [0]
+
+
+def _old_writer_file(tmp_path: Path, step: int, time_s: float, pid: int = 4242) -> None:
+    """A record as an older writer (no step_time) and its 30 s heartbeat write it."""
+    (tmp_path / JOB).mkdir(exist_ok=True)
+    record = {
+        "job": JOB, "rank": 0, "local_rank": 0, "world_size": 2, "pid": pid, "host": HOST,
+        "step": step, "epoch": 0, "tokens": 0, "phase": "train", "lease_until": None, "time": time_s,
+    }  # fmt: skip
+    (tmp_path / JOB / "rank-0.json").write_text(json.dumps(record))
+
+
+def test_a_restarted_reader_keeps_the_step_time_an_earlier_one_saw(tmp_path: Path) -> None:
+    """Without step_time (an older writer) only what the previous daemon saw can date the frozen step:
+    its marks, restored, apply to the same pid at the same step, and never to a new process."""
+    _old_writer_file(tmp_path, 7, T0)
+    first = reader(tmp_path)
+    assert first.read(T0 + 1).jobs[JOB].ranks[0].step_since_s == T0
+    saved = json.loads(json.dumps(first.tracker.export()))
+    _old_writer_file(tmp_path, 7, T0 + 90)  # the heartbeat rewrote `time` while the rank hung
+    second = reader(tmp_path)
+    assert second.tracker.restore(saved) == 1
+    assert second.read(T0 + 91).jobs[JOB].ranks[0].step_since_s == T0
+    third = reader(tmp_path, alive={4343})
+    third.tracker.restore(saved)
+    _old_writer_file(tmp_path, 7, T0 + 95, pid=4343)  # same job name, a new run: not the same rank
+    assert third.read(T0 + 96).jobs[JOB].ranks[0].step_since_s == T0 + 95
+    assert reader(tmp_path).tracker.restore([{"job": JOB}, "junk", None]) == 0
+
+
+def test_times_from_files_are_placed_on_the_timeline_once(tmp_path: Path, clock: Clock) -> None:
+    """The wall clock jumps 10 min between two writes of the same lease: the lease keeps its first
+    placement on the daemon's timeline (its remaining time does not move)."""
+    w = writer(tmp_path, clock)
+    w.phase("checkpoint", lease_s=120.0)
+    r = reader(tmp_path)
+    now = 5000.0  # the daemon's timeline: any origin
+    lease = r.read(now, wall_s=clock()).jobs[JOB].ranks[0].record.lease_until
+    assert lease == pytest.approx(now + 120.0)
+    clock.advance(630.0)  # 30 s later, and the wall clock stepped +600 s
+    w.tick(heartbeat_s=1.0)  # rewritten with the same lease_until
+    again = r.read(now + 30.0, wall_s=clock()).jobs[JOB].ranks[0]
+    assert again.record.lease_until == pytest.approx(now + 120.0)
+    assert again.record.time == pytest.approx(now + 30.0)

@@ -29,7 +29,7 @@ OPERATOR_GUIDE = REPO / "docs" / "operator-guide.md"
 #: Verdicts that are a problem to alert on (healthy and an announced checkpoint are not).
 ALERTED_VERDICTS = {v.value for v in Verdict} - {Verdict.HEALTHY.value, Verdict.CHECKPOINT.value}
 #: Runbook anchors that are not verdicts.
-OTHER_RUNBOOKS = {"daemon_down", "rank_step_lag", "input_errors"}
+OTHER_RUNBOOKS = {"daemon_down", "rank_step_lag", "input_errors", "gpu_held_idle"}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -44,6 +44,24 @@ def alert_rules() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"] if "alert" in rule]
 
 
+def recording_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"] if "record" in rule]
+
+
+def test_recording_rules_follow_the_naming_convention_and_are_tested() -> None:
+    """level:metric:operations, each one evaluated by a promql_expr_test (the job-wide view)."""
+    tested = {
+        check["expr"]
+        for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+        for check in case.get("promql_expr_test", [])
+    }
+    for rule in recording_rules():
+        level, metric, _ops = rule["record"].split(":")
+        assert level.startswith("training_job") and metric.startswith("gpu_watchdog_fleet_")
+        assert rule["record"] in tested, f"{rule['record']} never tested"
+
+
 def test_promtool_check_config() -> None:
     result = promtool("check", "config", "--lint=all", "--lint-fatal", str(CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -53,7 +71,8 @@ def test_promtool_check_config() -> None:
 def test_promtool_check_rules() -> None:
     result = promtool("check", "rules", "--lint=all", "--lint-fatal", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    assert f"SUCCESS: {sum(len(g['rules']) for g in groups)} rules found" in result.stdout
 
 
 def test_promtool_test_rules() -> None:
@@ -87,11 +106,18 @@ def test_rule_labels_annotations_and_metric_names(rule: dict[str, Any]) -> None:
     assert rule["labels"]["severity"] in {"critical", "warning", "info"}
     annotations = rule["annotations"]
     assert {"summary", "description", "runbook_url"} <= annotations.keys()
-    assert "{{ $labels.node }}" in annotations["summary"]
+    if rule["labels"].get("scope") == "job":  # one alert per training job, whatever its nodes
+        assert "$labels.node" not in json.dumps(annotations)
+        assert "by (training_job)" in " ".join(r["expr"] for r in recording_rules()) + rule["expr"]
+    else:
+        assert "{{ $labels.node }}" in annotations["summary"]
     anchor = re.fullmatch(re.escape(DEFAULT_RUNBOOK_BASE) + r"#(\w+)", annotations["runbook_url"])
     assert anchor is not None, f"absolute, from the shipped base: {annotations['runbook_url']}"
     assert anchor.group(1) in ALERTED_VERDICTS | OTHER_RUNBOOKS
-    for metric in re.findall(r"\b(gpu_watchdog_\w+|up)\b", rule["expr"]):
+    expr = rule["expr"]
+    for recorded in recording_rules():
+        expr = expr.replace(recorded["record"], "")
+    for metric in re.findall(r"\b(gpu_watchdog_\w+|up)\b", expr):
         assert metric == "up" or metric in METRIC_NAMES, metric
     if "verdict=" in rule["expr"] or "rank_step" in rule["expr"]:
         text = json.dumps(annotations)

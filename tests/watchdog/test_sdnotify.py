@@ -122,6 +122,7 @@ def test_unit_declares_what_the_design_asks() -> None:
         assert d[key] == ["yes"], key
     assert d["ProtectSystem"] == ["strict"] and d["ProtectHome"] == ["read-only"]
     assert "PrivateDevices" not in d  # it would hide /dev/nvidia*
+    assert int(d["LimitNOFILE"][0]) >= 16384  # a thousand client sockets must not starve the scan
     for key in ("CapabilityBoundingSet", "AmbientCapabilities"):
         assert set(d[key][0].split()) == {"CAP_KILL", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}
 
@@ -167,3 +168,19 @@ def test_verify_check_catches_a_broken_unit(tmp_path: Path) -> None:
     _, problems = analyze_verify(broken, tmp_path)
     assert any("ProtectHomme" in p for p in problems)
     assert any("protect home" in p.lower() for p in problems)
+
+
+def test_the_daemon_raises_its_own_open_files_limit() -> None:
+    import resource
+
+    from gpu_triage.daemon.runner import raise_nofile
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        low = 512 if hard == resource.RLIM_INFINITY or hard >= 2048 else hard // 2
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        before, after = raise_nofile(target=2048 if hard == resource.RLIM_INFINITY else min(2048, hard))
+        assert before == low and after > low
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == after
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

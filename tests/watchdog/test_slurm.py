@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from gpu_triage.actions.kill import SubprocessRunner
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, kill_argv, parse_squeue, term_argv
-from gpu_triage.cli.slurm_health import drain_reason, health_reasons, node_name
+from gpu_triage.cli.slurm_health import drain_reason, health_reasons, node_name, probe
 from gpu_triage.config.settings import ConfigError, load_config
 from gpu_triage.signals.processes import job_key
 from gpu_triage.signals.slurm import (
@@ -289,3 +290,90 @@ def test_health_check_cli_drains_through_scontrol(tmp_path):
         "--url", "http://127.0.0.1:1", "--scontrol", str(scontrol), "--drain", "--on-unreachable", "ignore"
     )
     assert ignored.returncode == 2 and not log.exists()
+
+
+def test_health_age_comes_from_healthz_not_from_the_wall_clock():
+    # the node's wall clock stepped 10 min ahead: /status's `time` looks old, /healthz says the loop is fresh
+    doc = {"time": 1000.0, "gpus": [], "jobs": []}
+    assert health_reasons(doc, now_s=1600.0, cycle_age_s=0.4) == []
+    assert health_reasons(doc, now_s=1000.0, cycle_age_s=90.0) == ["daemon's last cycle was 90 s ago"]
+
+
+def test_probe_retries_with_doubling_pauses_and_tells_an_answer_from_none():
+    calls: list[str] = []
+    sleeps: list[float] = []
+
+    def flaky(url: str, timeout_s: float, path: str) -> dict:
+        calls.append(path)
+        if len(calls) < 3:
+            raise TimeoutError("timed out")
+        return {"status": "ok"}
+
+    got = probe(
+        "http://x", "/healthz", timeout_s=1.0, tries=4, backoff_s=1.0, sleep=sleeps.append, fetch=flaky
+    )
+    assert (got.document, got.tries, sleeps) == ({"status": "ok"}, 3, [1.0, 2.0])
+
+    def dead(url: str, timeout_s: float, path: str) -> dict:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    sleeps.clear()
+    gone = probe(
+        "http://x", "/healthz", timeout_s=1.0, tries=3, backoff_s=0.5, sleep=sleeps.append, fetch=dead
+    )
+    assert gone.document is None and gone.tries == 3 and sleeps == [0.5, 1.0]
+    assert "ConnectionRefusedError" in (gone.error or "")
+
+
+class _Slow(BaseHTTPRequestHandler):
+    """A daemon under a flood: the first requests answer only after the client gave up."""
+
+    late = 0
+    body = b"{}"
+
+    def do_GET(self):
+        if _Slow.late > 0:
+            _Slow.late -= 1
+            time.sleep(1.5)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *_a):
+        pass
+
+
+def test_health_check_tells_a_slow_daemon_from_a_dead_one(tmp_path):
+    scontrol = tmp_path / "scontrol"
+    log = tmp_path / "scontrol.log"
+    scontrol.write_text(f'#!/bin/sh\nfor a in "$@"; do echo "$a" >> {log}; done\n')
+    scontrol.chmod(0o755)
+    _Slow.body = json.dumps(
+        {"status": "ok", "last_cycle_age_s": 0.3, "time": 0.0, "gpus": [], "jobs": []}
+    ).encode()
+    _Slow.late = 2  # the first two tries time out (0.5 s), the third gets its answer
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        slow = _check(
+            "--url", url, "--scontrol", str(scontrol), "--drain", "--timeout", "0.5", "--backoff", "0.1"
+        )
+    finally:
+        server.shutdown()
+    assert slow.returncode == 0, slow.stdout + slow.stderr
+    assert not log.exists(), "a slow daemon must not drain the node"
+    dead = _check(
+        "--url",
+        "http://127.0.0.1:1",
+        "--scontrol",
+        str(scontrol),
+        "--drain",
+        "--backoff",
+        "0.1",
+        "--tries",
+        "3",
+    )
+    assert dead.returncode == 2 and "daemon unreachable" in log.read_text()
+    assert "3 tries" in dead.stderr

@@ -223,6 +223,84 @@ def test_ranks_of_the_world_not_seen_here_keep_frozen_stacks_from_being_proof():
     assert "other node" in out[-1][1].evidence["not_kill_worthy_because"]
 
 
+def _real(name: str):
+    return parse_dump((DUMPS / name).read_bytes())
+
+
+def _real_rank(rank: int, name: str, at: float, since: float) -> RankStack:
+    return RankStack(rank, 100 + rank, classify(_real(name)), at, since, max(1, int((at - since) // 3) + 1))
+
+
+def test_real_dumps_of_the_reference_failure_show_a_phase_collective_beside_a_step():
+    """Dumps taken by py-spy of tests/jobs/plain_deepspeed.py save_deadlock and plain_hf.py eval_deadlock."""
+    save = classify(_real("deepspeed_save_deadlock_rank0_in_save_barrier.json"))
+    step = classify(_real("deepspeed_save_deadlock_rank1_reduce_scatter.json"))
+    assert (save.phase, save.collective) == (StackPhase.CHECKPOINT, "barrier")
+    assert (step.phase, step.collective) == (StackPhase.COLLECTIVE, "reduce_scatter_tensor")
+    ev = classify(_real("hf_eval_deadlock_rank0_in_eval_all_gather.json"))
+    bwd = classify(_real("hf_eval_deadlock_rank1_backward.json"))
+    assert (ev.phase, ev.collective) == (StackPhase.EVAL, "all_gather")
+    assert (bwd.phase, bwd.collective) == (StackPhase.BACKWARD, None)
+    # a writer inside its save waits in no collective
+    assert classify(parse_dump(dump(*SAVING))).collective is None
+
+
+@pytest.mark.parametrize(
+    "phase_dump, step_dump",
+    [
+        (
+            "deepspeed_save_deadlock_rank0_in_save_barrier.json",
+            "deepspeed_save_deadlock_rank1_reduce_scatter.json",
+        ),
+        ("hf_eval_deadlock_rank0_in_eval_all_gather.json", "hf_eval_deadlock_rank1_backward.json"),
+    ],
+)
+def test_a_save_or_eval_collective_beside_a_frozen_step_is_kill_worthy_k6_split(phase_dump, step_dump):
+    def make(t: float) -> StackSummary:
+        return StackSummary({0: _real_rank(0, phase_dump, t, 0.0), 1: _real_rank(1, step_dump, t, 0.0)}, 2)
+
+    out = _drive(make, 60)
+    hung = [(t, s) for t, s in out if s.kill_worthy]
+    assert hung, [(t, str(s.verdict)) for t, s in out[::10]]
+    t, st = hung[0]
+    assert 20 <= t <= 25 and st.verdict is Verdict.DEADLOCK_SUSPECTED
+    signals = st.evidence["signals"]
+    assert str(Signal.STACKS_PHASE_SPLIT) in signals and str(Signal.RANKS_ASLEEP) in signals
+    assert st.evidence["stacks"]["split_ranks"] == [0] and st.evidence["stacks"]["step_ranks"] == [1]
+    assert not any(s.verdict in (Verdict.CHECKPOINT, Verdict.STALLED_CHECKPOINT) for _, s in out[20:])
+    assert str(Signal.STACK_IN_SAVE) not in st.evidence["against"]
+
+
+WAIT_IN_SAVE = (
+    ("barrier", SP + "torch/distributed/distributed_c10d.py", 5356),
+    ("barrier", SP + "deepspeed/comm/comm.py", 400),
+    ("DeepSpeedEngine.save_checkpoint", SP + "deepspeed/runtime/engine.py", 4966),
+    USER,
+)
+
+
+def test_a_save_where_every_rank_sits_is_a_save_not_a_split():
+    # rank 0 writes (its stack moves), rank 1 waits in the save's barrier: checkpoint, for as long as it takes
+    def writing(t: float) -> StackSummary:
+        w = RankStack(0, 100, classify(parse_dump(dump(*SAVING))), t, t, 1)  # a new line every dump
+        return StackSummary({0: w, 1: _rank(1, WAIT_IN_SAVE, t, 0.0, max(1, int(t // 3) + 1))}, 2)
+
+    out = _drive(writing, 600)
+    assert {s.verdict for _, s in out[30:]} == {Verdict.CHECKPOINT}
+    # every rank waiting inside the save's collectives (a writer on another node): still a save
+    out = _drive(lambda t: _summary(WAIT_IN_SAVE, WAIT_IN_SAVE, t, 0.0), 300)
+    assert not any(s.kill_worthy for _, s in out) and out[-1][1].verdict is Verdict.CHECKPOINT
+
+
+def test_a_split_with_busy_host_threads_or_unseen_ranks_is_stalled_never_kill_worthy():
+    out = _drive(lambda t: _summary(WAIT_IN_SAVE, ALLREDUCE, t, 0.0), 120, cpu=1.0)
+    assert not any(s.kill_worthy for _, s in out)
+    assert out[-1][1].verdict is Verdict.STALLED and out[-1][1].cause.startswith("stacks_split:")
+    out = _drive(lambda t: _summary(WAIT_IN_SAVE, ALLREDUCE, t, 0.0, world=4), 120)
+    assert not any(s.kill_worthy for _, s in out)
+    assert out[-1][1].verdict is Verdict.STALLED
+
+
 # -- the sampler ---------------------------------------------------------------------------------
 
 
@@ -331,6 +409,8 @@ def test_the_daemon_says_in_status_and_metrics_that_py_spy_is_missing_and_carrie
         assert "no-such-py-spy" in doc["stacks"]["detail"]
         job = next(j for j in doc["jobs"] if j["job"] == env["GPU_WATCHDOG_JOB"])
         assert job["verdict"] == "healthy" and "stacks" not in job["evidence"]
+        # no progress files, no GPU telemetry, no stacks: after a grace the daemon says it cannot judge
+        assert {"what": "stacks", "why": "no fresh stack (none taken)"} in job["evidence"]["cannot_judge"]
         fams = {f.name: f for f in snapshot_metrics(snap)}
         sample = fams["gpu_watchdog_stack_sampler_available"].samples[0]
         assert sample.labels == {"state": "py_spy_missing"} and sample.value == 0.0

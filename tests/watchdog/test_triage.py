@@ -327,18 +327,20 @@ def test_calibrate_rejects_labels_that_power_cannot_separate(tmp_path, capsys):
 
 
 def test_report_lists_the_longest_spin_episodes_with_their_clock_times(capsys, hang_recording):
+    """One episode per GPU group (the symmetric hang is one wait of all 8 GPUs, not 8 episodes)."""
     from gpu_triage.triage.report import spin_episodes, wall_clock
 
     result = triage_file(hang_recording, TriageOptions())
     episodes = spin_episodes(result)
-    assert len(episodes) == 5
-    assert [e["duration_s"] for e in episodes] == sorted((e["duration_s"] for e in episodes), reverse=True)
-    assert episodes[0]["duration_s"] >= 890  # the 15-minute hang
+    assert len(episodes) == 1
+    (hang,) = episodes
+    assert hang["gpus"] == list(range(8)) and hang["duration_s"] >= 890  # the 15-minute hang
+    assert hang["kind"] == "suspected_deadlock" and hang["ended_by"] == "open"
     assert main(["triage", "--no-progress", str(hang_recording)]) == 1
     out = capsys.readouterr().out
-    assert "longest spin episodes (checkpoint_or_deadlock, clock time as recorded):" in out
-    first = f"gpu {episodes[0]['gpu']:<3}"
-    assert first in out and wall_clock(result, episodes[0]["start_s"]) in out
+    assert "longest waits (checkpoint_or_deadlock, one per GPU group, clock time as recorded):" in out
+    assert "    GPUs 0-7 " in out and wall_clock(result, hang["start_s"]) in out
+    assert "SUSPECTED DEADLOCK on GPUs 0-7" in out
 
 
 def test_plot_has_utilisation_under_power_on_the_wall_clock(tmp_path, hang_recording):

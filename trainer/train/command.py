@@ -131,7 +131,7 @@ def add_scaling_report(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
 def run_scaling_report(args: argparse.Namespace) -> int:
     import json
 
-    from ft_trainer.scaling import RunError, load_run, plot_scaling, render_table, scaling_rows
+    from ft_trainer.train.scaling import RunError, load_run, plot_scaling, render_table, scaling_rows
 
     try:
         runs = [load_run(r, skip_steps=args.skip_steps) for r in args.runs]

@@ -32,16 +32,27 @@ from typing import Any
 
 import numpy as np
 
-from ft_trainer.checkpoint import FAULT_ENV, CheckpointManager, duration_lease_s, parse_fault, save_lease_s
 from ft_trainer.config import JobConfig
-from ft_trainer.data import JobData
-from ft_trainer.ds_config import bf16_enabled, build_ds_config, load_override, optimizer_impl
-from ft_trainer.estimates import checkpoint_bytes
-from ft_trainer.plan import plan_fingerprint
+from ft_trainer.data.data import JobData
+from ft_trainer.planning.estimates import checkpoint_bytes
+from ft_trainer.planning.plan import plan_fingerprint
 from ft_trainer.progress import MIN_INTERVAL_S, ProgressWriter, progress_dir
-from ft_trainer.throughput import MetricsLog, ThroughputMeter, lookup_peak_flops, measure_cpu_matmul_flops
+from ft_trainer.train.checkpoint import (
+    FAULT_ENV,
+    CheckpointManager,
+    duration_lease_s,
+    parse_fault,
+    save_lease_s,
+)
+from ft_trainer.train.ds_config import bf16_enabled, build_ds_config, load_override, optimizer_impl
 from ft_trainer.train.schedule import LrSchedule, total_optimizer_steps
 from ft_trainer.train.settings import Settings
+from ft_trainer.train.throughput import (
+    MetricsLog,
+    ThroughputMeter,
+    lookup_peak_flops,
+    measure_cpu_matmul_flops,
+)
 
 __all__ = ["RankEnv", "TrainError", "TrainResult", "Trainer", "resolve_device"]
 
@@ -247,7 +258,8 @@ class Trainer:
             import importlib
 
             # (by module path: the attribute deepspeed.comm.torch is the torch package itself)
-            importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+            shm_module: Any = importlib.import_module("deepspeed.comm.torch")
+            shm_module.build_shm_op = lambda: None
         backend = s.train.dist_backend
         if backend == "auto":
             backend = "nccl" if self.device == "cuda" else "gloo"
@@ -294,7 +306,7 @@ class Trainer:
             )
             self.metrics = MetricsLog(self.metrics_dir / "metrics.jsonl")
 
-        from ft_trainer.model import build_model
+        from ft_trainer.train.model import build_model
 
         bf16 = bf16_enabled(s, self.device)
         built = build_model(cfg, s, ds_config, bf16=bf16)
@@ -365,7 +377,7 @@ class Trainer:
         crashed segment ran after its last checkpoint). Rank 0 only; 0 without a log."""
         if self.rank != 0:
             return 0.0
-        from ft_trainer.throughput import read_metrics
+        from ft_trainer.train.throughput import read_metrics
 
         try:
             records = read_metrics(self.metrics_dir / "metrics.jsonl")
@@ -581,7 +593,7 @@ class Trainer:
     def micro_batch_count(self, epoch: int) -> int:
         """How many micro-batches this rank runs in ``epoch``: equalized (a collective) or, with equalize
         off, its own plan count rounded to whole steps."""
-        from ft_trainer.equalize import equalize_epoch
+        from ft_trainer.planning.equalize import equalize_epoch
 
         cfg = self.cfg
         plan = self.data.epoch_plan(epoch)

@@ -109,6 +109,22 @@ MAX_SIGNATURES = 200
 KV_ACTIVE = "actions.active_alerts"
 KV_KILLS = "actions.kill_times"
 KV_SIGNATURES = "actions.hang_signatures"
+KV_EPISODES = "actions.episodes"
+KV_CAPTURES = "actions.last_capture"
+_EPISODE_FIELDS = (
+    "first_seen",
+    "confirmed_seen",
+    "signature",
+    "sightings",
+    "repeat",
+    "capture_state",
+    "capture_path",
+    "capture_started",
+    "capture_budget_s",
+    "alert_key",
+    "alerted_verdict",
+    "kill_started",
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,6 +198,27 @@ class _Episode:
     @property
     def alert_condition(self) -> Condition:
         return Condition.DETERMINISTIC_HANG if self.repeat else self.condition
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a restarted daemon needs to continue this episode (KV_EPISODES)."""
+        out: dict[str, Any] = {"condition": str(self.condition), "verdict": str(self.verdict)}
+        out |= {name: getattr(self, name) for name in _EPISODE_FIELDS}
+        out["once"] = sorted(self.once)
+        return out
+
+    @classmethod
+    def from_dict(cls, job: str, value: Mapping[str, Any], last: JobStatus) -> _Episode:
+        ep = cls(
+            job, Condition(value["condition"]), float(value["first_seen"]), Verdict(value["verdict"]), last
+        )
+        for name in _EPISODE_FIELDS[1:]:
+            if name in value:
+                setattr(ep, name, value[name])
+        ep.sightings = int(ep.sightings)
+        ep.once = {str(x) for x in value.get("once") or ()}
+        if ep.capture_state == "running":  # it died with the previous daemon: no waiting for it
+            ep.capture_state = "interrupted"
+        return ep
 
 
 @dataclass(slots=True)
@@ -284,7 +321,23 @@ class ActionEngine:
         self._episodes: dict[str, _Episode] = {}
         self._kills: dict[str, _Kill] = {}
         self._absent_since: dict[str, float] = {}
-        self._last_capture: dict[str, float] = {}
+        captures = self._kv_get(KV_CAPTURES, {})
+        self._last_capture: dict[str, float] = {
+            str(k): float(v)
+            for k, v in (captures.items() if isinstance(captures, dict) else ())
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        """The capture rate limit, persisted: a restart does not allow a second bundle for one hang."""
+        persisted_episodes = self._kv_get(KV_EPISODES, {})
+        self._resumable: dict[str, Mapping[str, Any]] = {
+            str(k): v
+            for k, v in (persisted_episodes.items() if isinstance(persisted_episodes, dict) else ())
+            if isinstance(v, dict)
+        }
+        """Episodes in progress when the previous daemon stopped: continued when their job comes back
+        with the same condition within ``adopt_window_s``, never begun (nor counted) again."""
+        self._resume_until: float | None = None
+        self._episodes_saved: Any = None
         self._active: dict[str, _Active] = {}
         self._limbo: dict[str, Alert] = {}
         self._limbo_until: float | None = None
@@ -381,6 +434,7 @@ class ActionEngine:
     ) -> None:
         if not self._started:
             self._started = True
+            self._resume_until = now + self.adopt_window_s if self._resumable else None
             self._limbo_until = now + self.adopt_window_s if self._limbo else None
             if self._limbo:
                 self._next_resend = now
@@ -411,6 +465,53 @@ class ActionEngine:
             self._resend(now)
         if self._limbo_until is not None and now >= self._limbo_until:
             self._expire_limbo(now, records)
+        if self._resume_until is not None and now >= self._resume_until:
+            self._resume_until = None
+            self._resumable.clear()
+        self._persist_episodes(now)
+
+    def _persist_episodes(self, now: float) -> None:
+        value = {name: ep.to_dict() for name, ep in self._episodes.items()}
+        value |= {k: dict(v) for k, v in self._resumable.items() if k not in value}
+        if value != self._episodes_saved:
+            self._kv_set(KV_EPISODES, value, now)
+            self._episodes_saved = value
+
+    def _resume(
+        self, job: JobStatus, condition: Condition, now: float, records: list[dict[str, Any]]
+    ) -> _Episode | None:
+        """Continue an episode the previous daemon had in progress (same job, same condition): its
+        delays, signature count, capture and kill state carry on; no new sighting is counted."""
+        saved = self._resumable.pop(job.job, None)
+        if saved is None:
+            return None
+        try:
+            ep = _Episode.from_dict(job.job, saved, job)
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("cannot continue the persisted episode of %s: %s", job.job, e)
+            return None
+        if ep.condition is not condition:
+            return None
+        if ep.alert_key is not None and ep.alert_key in self._limbo:
+            self._active[ep.alert_key] = _Active(self._limbo.pop(ep.alert_key), job.job, True, now)
+            records.append(self._make(now, "alert", "adopted", job=job.job, dedup_key=ep.alert_key))
+        elif ep.alert_key is not None and ep.alert_key not in self._active:
+            ep.alert_key, ep.alerted_verdict = None, None
+        records.append(
+            self._make(
+                now,
+                "ladder",
+                "resumed",
+                job=job.job,
+                verdict=str(job.verdict),
+                condition=str(condition),
+                first_seen=ep.first_seen,
+                signature=ep.signature,
+                sightings=ep.sightings,
+            )
+        )
+        self._episodes[job.job] = ep
+        return ep
 
     def _job_cycle(
         self,
@@ -434,7 +535,7 @@ class ActionEngine:
         if condition is None:
             return
         if ep is None:
-            ep = self._begin(job, condition, now, records)
+            ep = self._resume(job, condition, now, records) or self._begin(job, condition, now, records)
         self._update(ep, job, now, gpus)
         self._ladder(ep, job, now, mode, processes.get(job.job, ()), gpus, silences, progress_dir, records)
 
@@ -598,6 +699,9 @@ class ActionEngine:
         rounds = math.ceil(max(1, len(targets)) / PY_SPY_PARALLEL)
         ep.capture_budget_s = self.actions.capture_timeout_s * (rounds + 3) + FLIGHT_RECORDER_WAIT_S + 5.0
         self._last_capture[job.job] = now
+        cutoff = now - CAPTURE_MIN_INTERVAL_S
+        self._last_capture = {k: t for k, t in self._last_capture.items() if t >= cutoff or k == job.job}
+        self._kv_set(KV_CAPTURES, self._last_capture, now)
         self._capture_worker.submit(lambda: self._run_capture(job.job, request))
         records.append(
             self._make(

@@ -11,8 +11,8 @@ Conditions (one alert each, deduplicated by ``node:job:condition``):
 - ``deadlock`` - verdicts ``deadlock_suspected`` and ``deadlock_confirmed`` (one alert that escalates
   from severity ``error`` to ``critical``, so a receiver sees one incident, not two);
 - ``deterministic_hang`` - the same hang signature (job + frozen step) seen again: "do not restart";
-- ``stalled``, ``slow``, ``suspended``, ``stalled_checkpoint``, ``data_starvation``, ``telemetry_lost``
-  - alert only, never kill.
+- ``stalled``, ``slow``, ``suspended``, ``stalled_checkpoint``, ``data_starvation``, ``telemetry_lost``,
+  ``cannot_judge`` - alert only, never kill.
 
 Each receiver's wire form is one module in :mod:`gpu_triage.alerts.sinks` (webhook, Alertmanager v2,
 PagerDuty Events v2, Slack), registered by name in :mod:`gpu_triage.alerts.registry`.
@@ -51,6 +51,7 @@ class Condition(StrEnum):
     STALLED = "stalled"
     SLOW = "slow"
     SUSPENDED = "suspended"
+    CANNOT_JUDGE = "cannot_judge"
 
 
 class Status(StrEnum):
@@ -67,6 +68,7 @@ _CONDITION_OF: dict[Verdict, Condition] = {
     Verdict.STALLED: Condition.STALLED,
     Verdict.SLOW: Condition.SLOW,
     Verdict.SUSPENDED: Condition.SUSPENDED,
+    Verdict.CANNOT_JUDGE: Condition.CANNOT_JUDGE,
 }
 
 ALERT_NAMES: dict[Condition, str] = {
@@ -78,6 +80,7 @@ ALERT_NAMES: dict[Condition, str] = {
     Condition.STALLED: "GpuTrainingStalled",
     Condition.SLOW: "GpuTrainingSlow",
     Condition.SUSPENDED: "GpuTrainingSuspended",
+    Condition.CANNOT_JUDGE: "GpuTrainingCannotJudge",
 }
 
 #: The Alertmanager ``severity`` label of each condition (fixed per alert: labels identify it).
@@ -90,6 +93,7 @@ LABEL_SEVERITY: dict[Condition, str] = {
     Condition.STALLED: "warning",
     Condition.SLOW: "info",
     Condition.SUSPENDED: "info",
+    Condition.CANNOT_JUDGE: "info",
 }
 
 
@@ -277,6 +281,7 @@ def _summary(
         Condition.STALLED: f"no progress, no proof of a hang ({job.cause or 'cause unknown'})",
         Condition.SLOW: f"slow ({job.cause or 'past its budget while working'})",
         Condition.SUSPENDED: "suspended (a rank is stopped)",
+        Condition.CANNOT_JUDGE: f"cannot judge ({job.cause or 'no signal'})",
     }[condition]
     return f"{what}: job {job.job} on {node}{at} ({len(job.ranks)} ranks, {gpu_text}) {lasting}"
 

@@ -28,9 +28,16 @@ Recordings are nvidia-smi CSV logs, e.g. from
   nvidia-smi --query-gpu=timestamp,index,name,power.draw,power.limit,utilization.gpu,memory.used \\
              --format=csv -lms 100 > run.csv
 Without an index column, rows are taken as complete snapshots in board order (pass --gpus if the count
-cannot be inferred). A recording made with --format=csv,noheader needs its field list:
+cannot be inferred; a --gpus that does not divide the rows is an error). A recording made with
+--format=csv,noheader needs its field list:
   gpu-watchdog triage --columns timestamp,index,power.draw,utilization.gpu run.csv
-Exit status: 0 clean, 1 a deadlock verdict, 2 bad input.
+
+Power alone cannot tell a hang from a save: waiting GPUs spin the same way. Triage cuts each GPU
+group's spin into waits at every compute burst (progress, however short), learns the recording's own
+save cadence from the waits that ended in progress, and reports a *suspected* deadlock, with its
+evidence, only for a wait that never ended in progress, lasted --deadlock-after and, once a cadence is
+known, more than twice the longest wait the job came back from (docs/triage.md).
+Exit status: 0 clean, 1 a suspected deadlock, 2 bad input.
 """
 
 
@@ -77,9 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser(
         "triage",
-        help="classify recorded nvidia-smi CSV logs and look for deadlocks",
-        description="Classify every GPU of recorded nvidia-smi CSV logs and apply the "
-        "power-only deadlock rule.",
+        help="classify recorded nvidia-smi CSV logs and look for suspected deadlocks",
+        description="Classify every GPU of recorded nvidia-smi CSV logs, find the waits and their "
+        "cadence, and apply the power-only rule for suspected deadlocks.",
         epilog=_EPILOG_TRIAGE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -106,10 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive(float, "seconds"),
         default=DEFAULT_DEADLOCK_AFTER_S,
         metavar="SECONDS",
-        help="a group of GPUs in checkpoint_or_deadlock this long is a deadlock: all of them, or those "
-        "that entered the band together with no checkpoint writer beside them (another job's GPUs may "
-        f"keep computing). Default {DEFAULT_DEADLOCK_AFTER_S:g} s; any positive duration (raise it where "
-        "a save whose writer is on another node takes longer; see docs/triage.md)",
+        help="the shortest wait (a GPU group in checkpoint_or_deadlock with no compute burst, never "
+        "ending in progress) reported as a suspected deadlock; once the recording shows its save cadence "
+        "a wait must also last over twice the longest wait the job came back from. Default "
+        f"{DEFAULT_DEADLOCK_AFTER_S:g} s; any positive duration (raise it where a save written from another "
+        "node can take longer and the recording shows no earlier save; see docs/triage.md)",
     )
     t.add_argument(
         "--columns",
@@ -239,11 +247,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fetch GET /status from several daemons in parallel and compare them: per node its "
         "source, mode, GPU states and verdicts; which node entered the spin band (checkpoint_or_deadlock) "
         "first; per job, the rank whose step lags. Exit status: 0 ok, 1 a deadlock verdict on any node, "
-        "2 any daemon unreachable. See docs/cluster.md.",
-        epilog="example:\n  gpu-watchdog cluster node-a:9410 node-b:9410 --json | jq .first_in_spin_band",
+        "2 any daemon unreachable. With --prometheus, the same from every node's facts that Prometheus "
+        "already holds (one query, any number of nodes). See docs/cluster.md.",
+        epilog="examples:\n  gpu-watchdog cluster node-a:9410 node-b:9410 --json | jq .first_in_spin_band\n"
+        "  gpu-watchdog cluster --prometheus http://prometheus:9090 --job qwen3-32b-ft",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    cl.add_argument("urls", nargs="+", metavar="URL", help="host, host:port or http://host:port")
+    cl.add_argument("urls", nargs="*", metavar="URL", help="host, host:port or http://host:port")
+    cl.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="read every node's facts from this Prometheus (or Thanos/Mimir) instead of polling daemons",
+    )
+    cl.add_argument("--job", metavar="NAME", help="with --prometheus: only this training job")
     cl.add_argument("--json", action="store_true", help="one JSON document")
     cl.add_argument("--timeout", type=_positive_float, default=2.0, metavar="S", help="seconds (default 2)")
     cl.set_defaults(func=cmd_cluster)
@@ -395,6 +411,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    if args.prometheus:
+        from gpu_triage.cli.cluster_prometheus import run as from_prometheus
+
+        if args.urls:
+            print("gpu-watchdog cluster: give daemon URLs or --prometheus, not both", file=sys.stderr)
+            return 2
+        return from_prometheus(args.prometheus, job=args.job, as_json=args.json, timeout_s=args.timeout)
+    if not args.urls:
+        print("gpu-watchdog cluster: give daemon URLs, or --prometheus URL", file=sys.stderr)
+        return 2
     from gpu_triage.cli.cluster import run
 
     return run(args.urls, as_json=args.json, timeout_s=args.timeout)

@@ -19,6 +19,14 @@ Reasons, from the daemon's ``GET /status`` (:func:`health_reasons`, pure):
 - a **dead daemon** (``/status`` unreachable) is its own reason: a node whose watchdog is down runs
   jobs nobody watches. ``--on-unreachable ignore`` reports it without draining (exit 2).
 
+**Slow is not dead.** A busy daemon (a ``/metrics`` flood, a loaded node) may answer late; draining a
+node for that would take it out of service for nothing. The check first asks the cheap ``/healthz``,
+up to ``--tries`` times with a doubling pause (``--backoff``: 1, 2, 4 s...) between tries that got no
+answer, and counts the daemon unreachable only when every try failed. A ``/healthz`` that answers
+(200) while ``/status`` does not (after as many tries) is a slow daemon: reported, never drained. The
+loop's age comes from ``/healthz`` (``last_cycle_age_s``, measured by the daemon on its monotonic
+clock), so a step of the node's wall clock never reads as a stuck loop.
+
 Exit status: 0 healthy; 1 a reason was found (drained with ``--drain``); 2 the daemon was unreachable;
 3 the drain itself failed. The node is never resumed automatically: once the cause is fixed,
 ``scontrol update nodename=<node> state=resume``.
@@ -32,9 +40,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 EXIT_HEALTHY = 0
@@ -47,13 +57,21 @@ MAX_STATUS_BYTES = 16 * 1024 * 1024
 
 
 def health_reasons(
-    status: Mapping[str, Any], *, now_s: float, unknown_after_s: float = 60.0, stale_after_s: float = 60.0
+    status: Mapping[str, Any],
+    *,
+    now_s: float,
+    unknown_after_s: float = 60.0,
+    stale_after_s: float = 60.0,
+    cycle_age_s: float | None = None,
 ) -> list[str]:
-    """Why this node should take no work, from a ``/status`` document (empty: healthy). Pure."""
+    """Why this node should take no work, from a ``/status`` document (empty: healthy). Pure.
+    ``cycle_age_s``: the loop's age as ``/healthz`` measured it (monotonic); None: ``now_s - time``."""
     reasons: list[str] = []
     cycle_time = status.get("time")
-    if isinstance(cycle_time, int | float) and now_s - cycle_time > stale_after_s:
-        reasons.append(f"daemon's last cycle was {now_s - cycle_time:.0f} s ago")
+    if cycle_age_s is None and isinstance(cycle_time, int | float):
+        cycle_age_s = now_s - cycle_time
+    if cycle_age_s is not None and cycle_age_s > stale_after_s:
+        reasons.append(f"daemon's last cycle was {cycle_age_s:.0f} s ago")
     doc_time = cycle_time if isinstance(cycle_time, int | float) else now_s
     for gpu in status.get("gpus") or ():
         if not isinstance(gpu, Mapping) or gpu.get("state") != "unknown" or gpu.get("power_w") is not None:
@@ -84,16 +102,58 @@ def node_name(explicit: str | None, environ: Mapping[str, str]) -> str:
     return explicit or environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def fetch_status(url: str, timeout_s: float) -> dict[str, Any]:
-    """``GET <url>/status``; raises OSError (unreachable, HTTP error) or ValueError (not a JSON object)."""
-    with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout_s) as response:
+def fetch_status(url: str, timeout_s: float, path: str = "/status") -> dict[str, Any]:
+    """``GET <url><path>``; raises OSError (unreachable, HTTP error) or ValueError (not a JSON object)."""
+    with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout_s) as response:
         body = response.read(MAX_STATUS_BYTES + 1)
     if len(body) > MAX_STATUS_BYTES:
-        raise ValueError(f"/status is larger than {MAX_STATUS_BYTES} bytes")
+        raise ValueError(f"{path} is larger than {MAX_STATUS_BYTES} bytes")
     document = json.loads(body)
     if not isinstance(document, dict):
-        raise ValueError("/status is not a JSON object")
+        raise ValueError(f"{path} is not a JSON object")
     return document
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What tries of one GET gave: a document (with its HTTP status), or the last error."""
+
+    document: dict[str, Any] | None
+    http_status: int | None
+    error: str | None
+    tries: int
+
+
+def probe(
+    url: str,
+    path: str,
+    *,
+    timeout_s: float,
+    tries: int,
+    backoff_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    fetch: Callable[[str, float, str], dict[str, Any]] = fetch_status,
+) -> Probe:
+    """GET ``path`` up to ``tries`` times, pausing ``backoff_s``, then twice that, ... after each try
+    that got no answer. An HTTP error status with a JSON body (``/healthz`` 503) is an answer."""
+    error = "not tried"
+    for attempt in range(max(1, tries)):
+        if attempt:
+            sleep(backoff_s * 2 ** (attempt - 1))
+        try:
+            return Probe(fetch(url, timeout_s, path), 200, None, attempt + 1)
+        except urllib.error.HTTPError as e:
+            try:
+                document = json.loads(e.read(MAX_STATUS_BYTES))
+            except (OSError, ValueError):
+                document = None
+            if isinstance(document, dict):
+                return Probe(document, e.code, None, attempt + 1)
+            error = f"HTTP {e.code}"
+        except (OSError, ValueError) as e:
+            reason = e.reason if isinstance(e, urllib.error.URLError) else e
+            error = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
+    return Probe(None, None, error, max(1, tries))
 
 
 def add_subparser(sub: Any) -> None:
@@ -127,6 +187,20 @@ def add_subparser(sub: Any) -> None:
         help="seconds since the daemon's last cycle before it counts as stuck (default 60)",
     )
     p.add_argument(
+        "--tries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="tries of each request before the daemon counts as unreachable (default 3)",
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="pause after the first failed try, doubled after each next one (default 1)",
+    )
+    p.add_argument(
         "--on-unreachable",
         choices=["drain", "ignore"],
         default="drain",
@@ -136,20 +210,33 @@ def add_subparser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
     node = node_name(args.node, os.environ)
-    try:
-        status = fetch_status(args.url, args.timeout)
-    except (OSError, ValueError) as e:
-        print(f"gpu-watchdog slurm-health-check: {args.url}/status: {e}", file=sys.stderr)
+    ask = {"timeout_s": args.timeout, "tries": args.tries, "backoff_s": args.backoff}
+    health = probe(args.url, "/healthz", **ask)
+    status = probe(args.url, "/status", **ask) if health.document is not None else health
+    if status.document is None or status.http_status != 200:
+        what = "/healthz" if health.document is None else "/status"
+        error = status.error or f"HTTP {status.http_status}"
+        print(
+            f"gpu-watchdog slurm-health-check: {args.url}{what}: no answer in {status.tries} tries ({error})",
+            file=sys.stderr,
+        )
+        if health.document is not None and health.http_status == 200:
+            # /healthz answers and says the loop is fine: a slow daemon, not a dead one - never drained
+            print(f"node {node}: healthy (daemon slow: {what} did not answer, /healthz did)")
+            return EXIT_HEALTHY
         if args.on_unreachable == "ignore":
             return EXIT_UNREACHABLE
-        reasons = [f"daemon unreachable at {args.url} ({type(e).__name__})"]
+        reasons = [f"daemon unreachable at {args.url} ({error}, {status.tries} tries)"]
         code = EXIT_UNREACHABLE
     else:
+        age = health.document.get("last_cycle_age_s") if health.document is not None else None
         reasons = health_reasons(
-            status, now_s=time.time(), unknown_after_s=args.unknown_after, stale_after_s=args.stale_after
+            status.document,
+            now_s=time.time(),
+            unknown_after_s=args.unknown_after,
+            stale_after_s=args.stale_after,
+            cycle_age_s=float(age) if isinstance(age, int | float) and not isinstance(age, bool) else None,
         )
         code = EXIT_UNHEALTHY if reasons else EXIT_HEALTHY
     if not reasons:
@@ -179,5 +266,6 @@ __all__ = [
     "fetch_status",
     "health_reasons",
     "node_name",
+    "probe",
     "run",
 ]

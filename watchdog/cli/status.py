@@ -154,6 +154,10 @@ def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str
     lines.append(table(["JOB", "VERDICT", "ONSET", "RAISED", "RANKS", "STEPS", "LAGGING"], job_rows))
     for job in status["jobs"]:
         evidence = job.get("evidence") or {}
+        limits = evidence.get("cannot_judge") or []
+        if limits and isinstance(limits, list):
+            said = "; ".join(f"{x.get('what')} ({x.get('why')})" for x in limits if isinstance(x, dict))
+            lines.append(f"  {job['job']} cannot judge: {said}")
         if evidence:
             lines.append(f"  {job['job']} evidence:")
             lines.extend(f"    {signal}: {_evidence_value(value)}" for signal, value in evidence.items())

@@ -202,6 +202,22 @@ def runbook_base(value: Any) -> str | None:
         raise _Invalid(str(e).removeprefix("expected ").split(", got ")[0]) from None
 
 
+@_takes_text
+def optional_http_url(value: Any) -> str | None:
+    """An http(s) URL with a host ("" = none)."""
+    from urllib.parse import urlsplit
+
+    expected = 'an http(s) URL (e.g. "http://prometheus:9090"), or "" for none'
+    if value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 2048 or any(c.isspace() for c in value):
+        raise _Invalid(expected)
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise _Invalid(expected)
+    return value
+
+
 def argv(value: Any) -> tuple[str, ...]:
     """A command as an argument vector (never run through a shell); [] for none."""
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -403,6 +419,18 @@ class DetectorConfig:
     cpu_contention_ratio: float = field(
         default=0.9, metadata=meta(number(0, 64), "a starving rank using this share of a core is CPU-bound")
     )
+    slow_max_budgets: float = field(
+        default=10.0,
+        metadata=meta(
+            number(1, 1000), "slow (GPUs computing, steps frozen) this many stall budgets -> stalled"
+        ),
+    )
+    idle_held_after_s: float = field(
+        default=300.0,
+        metadata=meta(
+            number(10, 86400), "no progress files: job GPUs idle with memory held this long -> cannot_judge"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,6 +497,30 @@ class RasConfig:
         default=60.0, metadata=meta(number(10, 86400), "at most one poll this often")
     )
     timeout_s: float = field(default=5.0, metadata=meta(number(0.5, 60), "limit of one poll"))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Other nodes' facts about a job from the Prometheus that scrapes every daemon (docs/cluster.md)."""
+
+    prometheus_url: str | None = field(
+        default=None,
+        metadata=meta(optional_http_url, "Prometheus (or Thanos/Mimir) query API; empty: per-node only"),
+    )
+    min_interval_s: float = field(
+        default=5.0, metadata=meta(number(1, 3600), "at most one query per suspicious job this often")
+    )
+    timeout_s: float = field(default=3.0, metadata=meta(number(0.1, 60), "limit of one query"))
+    max_response_bytes: int = field(
+        default=32 << 20, metadata=meta(integer(1024, 1 << 30), "an answer larger than this is refused")
+    )
+    stale_after_s: float = field(
+        default=15.0, metadata=meta(number(1, 3600), "another node's facts older than this are unknown")
+    )
+
+    def detector_settings(self) -> dict[str, Any]:
+        """The detector's fleet settings (the node's name comes from [daemon] node)."""
+        return {"fleet_stale_after_s": self.stale_after_s}
 
 
 @dataclass(frozen=True, slots=True)
@@ -572,6 +624,7 @@ class Config:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     stacks: StacksConfig = field(default_factory=StacksConfig)
     ras: RasConfig = field(default_factory=RasConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -588,6 +641,7 @@ SECTIONS: dict[str, type] = {
     "detector": DetectorConfig,
     "stacks": StacksConfig,
     "ras": RasConfig,
+    "cluster": ClusterConfig,
     "events": EventsConfig,
     "evidence": EvidenceConfig,
     "auth": AuthConfig,

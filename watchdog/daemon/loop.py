@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,12 +30,16 @@ from gpu_triage.config.settings import Config, load_config, load_token, override
 from gpu_triage.daemon.sdnotify import SdNotifier
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
+from gpu_triage.model.clock import Clock, ClockStep, Timeline
 from gpu_triage.model.names import printable
 from gpu_triage.model.samples import TelemetrySource
-from gpu_triage.model.snapshot import JobStatus, Snapshot
+from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
 from gpu_triage.model.states import Mode, Verdict
 from gpu_triage.serving.control import QueuedControl
 from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.fleet.facts import JobFacts, local_facts, spin_since_by_gpu
+from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
+from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.nccl_ras.poller import RasConfig, RasPoller
 from gpu_triage.signals.pods import PodResolver
 from gpu_triage.signals.processes import ProcessInspector, ProgressClaim
@@ -70,8 +74,7 @@ class Daemon:
         source: TelemetrySource,
         *,
         config_path: Path | None = None,
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
         serve_http: bool = True,
         on_cycle: Callable[[Snapshot], None] | None = None,
         actions: Any | None = None,
@@ -83,8 +86,10 @@ class Daemon:
         self.overrides = dict(overrides or {})
         self._app: Any = None
         self.source = source
-        self.clock = clock
-        self.monotonic = monotonic
+        self.timeline = Timeline(clock)
+        """Every duration is a difference on this monotonic timeline (gpu_triage.model.clock)."""
+        self.clock = self.timeline.now
+        self.monotonic = self.timeline.clock.monotonic
         self.serve_http = serve_http
         self.on_cycle = on_cycle
         self.node = config.daemon.node
@@ -92,15 +97,17 @@ class Daemon:
         self.control = QueuedControl()
         self.mode: Mode = config.actions.mode
         self.stats = CycleStats()
-        self.started_at = clock()
+        self.started_at = self.clock()
         self.gpus = GpuTracker(
             model=config.classifier.model,
             table_path=config.classifier.table,
             dwell_s=dict(config.classifier.dwell_s),
         )
         self.detector = Detector(detector_settings(config))
-        self.stacks = make_sampler(config)
-        self.ras = make_ras(config)
+        self.stacks = make_sampler(config, self.clock)
+        self.ras = make_ras(config, self.clock)
+        self.fleet = make_fleet(config, self.clock)
+        self._fleet_facts: tuple[JobFacts, ...] = ()
         self.progress = ProgressReader(
             config.progress.dir, stale_after_s=config.progress.stale_after_s, host=socket.gethostname()
         )
@@ -116,6 +123,10 @@ class Daemon:
         self._jobs: tuple[JobStatus, ...] = ()
         self._verdicts: dict[str, Verdict] = {}
         self._last_sample_time: float | None = None
+        self._wall: float | None = None
+        self._boot_id = boot_id()
+        self._episode_saved: tuple[int, Any] | None = None
+        self._episode_saved_at: float | None = None
         self._sample_duration_s = 0.0
         self._process_view = None
         self._untrusted: tuple[dict[str, Any], ...] = ()
@@ -165,13 +176,123 @@ class Daemon:
                 "config": self.config.origin,
             },
         )
+        self._restore_timeline()
         self._restore_silences()
+        self._restore_episodes()
         if self.actions is None:
             self.actions = self._make_actions(state_dir)
         if self.serve_http:
             self._start_http()
 
     SILENCES_KEY = "control.silences"
+    TIMELINE_KEY = "daemon.timeline"
+    PROGRESS_KEY = "detector.step_marks"
+    DETECTOR_KEY = "detector.jobs"
+    EPISODE_STATE_MAX_AGE_S = 600.0
+    """A restarted daemon continues what an earlier one saw at most this long ago (same boot)."""
+
+    def _restore_timeline(self) -> None:
+        """Within one boot the timeline continues across restarts (the monotonic clock does): a restarted
+        daemon takes the anchor of the first daemon of this boot, so persisted times (kill budget,
+        episodes, silences) keep their meaning, and a clock step while it was down is seen as a step."""
+        boot = self._boot_id
+        saved = self.store.kv_get(self.TIMELINE_KEY, None) if self.store is not None else None
+        if (
+            boot is not None
+            and isinstance(saved, dict)
+            and saved.get("boot_id") == boot
+            and isinstance(saved.get("anchor_s"), (int, float))
+            and math.isfinite(saved["anchor_s"])
+        ):
+            self.timeline.anchor_s = float(saved["anchor_s"])
+            offset = saved.get("offset_s")
+            self.timeline.last_offset_s = float(offset) if isinstance(offset, (int, float)) else 0.0
+            self.started_at = self.clock()
+        self._persist_timeline()
+
+    def _restore_episodes(self) -> None:
+        """Episodes survive a restart: what the previous daemon of this boot saw of each job (step marks
+        of the progress files, the detector's verdicts, onsets and hang clocks) seeds this one, so a
+        hang in progress is neither re-dated nor seen again as a new episode."""
+        if self.store is None:
+            return
+        boot = self._boot_id
+        restored = []
+        for key, target in ((self.PROGRESS_KEY, self.progress.tracker), (self.DETECTOR_KEY, self.detector)):
+            saved = self.store.kv_get(key, None)
+            if not isinstance(saved, dict) or boot is None or saved.get("boot_id") != boot:
+                continue
+            at = saved.get("saved_at")
+            if not isinstance(at, (int, float)) or not 0 <= self.clock() - at <= self.EPISODE_STATE_MAX_AGE_S:
+                continue
+            n = target.restore(saved.get("value"))
+            if n:
+                restored.append(f"{key}={n}")
+        if restored:
+            log.info("continuing what the previous daemon saw: %s", ", ".join(restored))
+            self._event("daemon", {"event": "episodes_restored", "restored": restored})
+
+    EPISODE_SAVE_EVERY_S = 5.0
+    EPISODE_REFRESH_S = 60.0
+
+    def _persist_episode_state(self, now: float) -> None:
+        """Mirror the step marks and the detector's job memories into the store: at once when a verdict,
+        onset or hang clock changed, else at most every EPISODE_SAVE_EVERY_S while marks move."""
+        if self.store is None:
+            return
+        detector = self.detector.export()
+        core = {j: (e["verdict"], e["onset"], e["hang_since"]) for j, e in detector.items()}
+        marks = self.progress.tracker.version
+        saved, at = self._episode_saved, self._episode_saved_at
+        age = None if at is None else now - at
+        recent = age is not None and 0 <= age < self.EPISODE_REFRESH_S
+        if (
+            saved is not None
+            and saved[1] == core
+            and recent
+            and (saved[0] == marks or (age is not None and age < self.EPISODE_SAVE_EVERY_S))
+        ):
+            return
+        boot = self._boot_id
+        try:
+            self.store.kv_set(
+                self.PROGRESS_KEY,
+                {"boot_id": boot, "saved_at": now, "value": self.progress.tracker.export()},
+                now,
+            )
+            self.store.kv_set(self.DETECTOR_KEY, {"boot_id": boot, "saved_at": now, "value": detector}, now)
+        except StoreError as e:
+            log.warning("could not persist the episodes in progress: %s", e)
+            return
+        self._episode_saved, self._episode_saved_at = (marks, core), now
+
+    def _persist_timeline(self) -> None:
+        if self.store is None:
+            return
+        value = {
+            "boot_id": boot_id(),
+            "anchor_s": self.timeline.anchor_s,
+            "offset_s": self.timeline.last_offset_s,
+        }
+        try:
+            self.store.kv_set(self.TIMELINE_KEY, value, self.clock())
+        except StoreError as e:
+            log.warning("could not persist the timeline anchor: %s", e)
+
+    def clock_step(self, step: ClockStep) -> None:
+        """The wall clock jumped: logged and recorded; no duration moves (they are on the timeline)."""
+        log.warning(
+            "wall clock stepped %+.1f s against the monotonic clock (wall is now %+.1f s from the daemon's "
+            "timeline); durations, leases, budgets and silences are unaffected",
+            step.step_s,
+            step.offset_s,
+        )
+        self._event(
+            "daemon",
+            {"event": "clock_step", "step_s": round(step.step_s, 3), "offset_s": round(step.offset_s, 3)},
+            step.timeline_s,
+        )
+        self._persist_timeline()
 
     def _restore_silences(self) -> None:
         """Silences survive a restart (an operator who silenced a known issue must not be paged again)."""
@@ -206,6 +327,7 @@ class Daemon:
             generator_url=f"http://{self.config.daemon.listen}/status",
             max_bundles=self.config.evidence.max_bundles,
             evidence_retention_s=self.config.evidence.retention_days * 86400.0,
+            clock=self.clock,
         )
 
     def _start_http(self) -> None:
@@ -221,6 +343,7 @@ class Daemon:
             control=self.control,
             token=token,
             period_s=self.config.daemon.period_s,
+            clock=self.clock,
             allowed_hosts=[
                 *self.config.daemon.allowed_hosts,
                 self.node,
@@ -272,6 +395,7 @@ class Daemon:
         if self.store is not None:
             self.store.close()
         self.stacks.close()
+        self.fleet.close()
 
     # -- the loop -------------------------------------------------------------------------------
     def run_forever(self) -> None:
@@ -284,11 +408,7 @@ class Daemon:
                 self.reload()
                 period = self.config.daemon.period_s
             t0 = self.monotonic()
-            try:
-                self.cycle(self.clock())
-                self._cycle_failed(None)
-            except Exception as e:
-                self._cycle_failed(e)
+            self.tick()
             self.stats.last_duration_s = self.monotonic() - t0
             now_m = self.monotonic()
             if self.notifier.watchdog_due(now_m):
@@ -301,6 +421,20 @@ class Daemon:
                 self.stats.worst_lateness_s = max(self.stats.worst_lateness_s, lateness)
                 next_tick += missed * period
             self._stop.wait(max(0.0, next_tick - self.monotonic()))
+
+    def tick(self) -> Snapshot | None:
+        """One cycle of the loop at the clock's time: a clock step is noticed (and moves nothing), then
+        :meth:`cycle` runs on the timeline; a failed cycle is counted, never raised."""
+        step = self.timeline.check_step()
+        if step is not None:
+            self.clock_step(step)
+        try:
+            snap = self.cycle(self.clock(), wall=self.timeline.wall())
+        except Exception as e:
+            self._cycle_failed(e)
+            return None
+        self._cycle_failed(None)
+        return snap
 
     def _cycle_failed(self, error: Exception | None) -> None:
         """Count consecutive failed cycles; the last good snapshot is republished with the count so
@@ -348,9 +482,12 @@ class Daemon:
                 )
             )
 
-    def cycle(self, now: float) -> Snapshot:
-        """One cycle at epoch time ``now``; returns (and publishes) the snapshot."""
+    def cycle(self, now: float, *, wall: float | None = None) -> Snapshot:
+        """One cycle at ``now`` on the daemon's timeline (gpu_triage.model.clock); ``wall``: the wall clock
+        now, to place the times read from progress files (None: the same as ``now``, as in tests that
+        drive cycles by hand). Returns (and publishes) the snapshot."""
         cfg = self.config
+        self._wall = now if wall is None else wall
         self.cycle_no += 1
         for cmd in self.control.drain():
             if cmd.mode is not self.mode:
@@ -429,6 +566,9 @@ class Daemon:
             untrusted_progress_files=self._untrusted,
             input_errors=input_errors,
             stacks={**self.stacks.status(), "nccl_ras": self.ras.status()},
+            fleet=self._fleet_facts,
+            cluster=self.fleet.status(),
+            clock_offset_s=(self._wall if self._wall is not None else now) - now,
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
@@ -456,7 +596,7 @@ class Daemon:
         return tuple(out)
 
     def _detect(self, now: float, samples, statuses) -> tuple[JobStatus, ...]:
-        view = self.progress.read(now)
+        view = self.progress.read(now, wall_s=self._wall)
         self._progress_errors = tuple(
             {"kind": "progress_file", "where": printable(str(e.path)), "error": printable(e.error)}
             for e in view.errors
@@ -483,6 +623,7 @@ class Daemon:
         )
         self._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in self._process_view.untrusted)])
         jobs = self._with_stacks(now, jobs)
+        jobs = self._with_remote(now, jobs)
         gviews = [
             GpuView(
                 g.gpu,
@@ -494,6 +635,8 @@ class Daemon:
             for g in statuses
         ]
         results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
+        self._persist_episode_state(now)
+        self._fleet_facts = self._local_facts(now, jobs, results, statuses)
         persist_errors: dict[str, str] = {}
         for j in results:
             prev = self._verdicts.get(j.job)
@@ -569,6 +712,69 @@ class Daemon:
         self.ras.request(now, suspicious)
         return out
 
+    def _with_remote(self, now: float, jobs: list[JobView]) -> list[JobView]:
+        """[cluster]: hand each job whose world is larger than its ranks here the other nodes' latest
+        facts (gpu_triage.signals.fleet), asking Prometheus again - off this thread - while it is
+        suspicious."""
+        if not self.fleet.enabled:
+            return jobs
+        out = []
+        for j in jobs:
+            world = j.world_size if j.world_size is not None else (j.stacks.world_size if j.stacks else None)
+            if world is None or world <= len({r.rank for r in j.ranks}):
+                out.append(j)
+                continue
+            prev = self._verdicts.get(j.job)
+            waiting = j.stacks is not None and any(
+                s.samples > 1 and s.info.phase is StackPhase.COLLECTIVE for s in j.stacks.ranks.values()
+            )
+            self.fleet.request(now, j.job, waiting or (prev is not None and prev not in _CALM))
+            remote = self.fleet.latest(j.job)
+            if remote is None:
+                remote = RemoteFacts(
+                    j.job, now, error="not asked for: the job was never suspicious", asked=False
+                )
+            out.append(replace(j, remote=remote))
+        self.fleet.forget({j.job for j in jobs})
+        return out
+
+    def _local_facts(
+        self, now: float, jobs: list[JobView], results: tuple[JobStatus, ...], statuses: Sequence[GpuStatus]
+    ) -> tuple[JobFacts, ...]:
+        """This node's facts about each job, exported for the other nodes (gpu_watchdog_fleet_*)."""
+        spin = spin_since_by_gpu(statuses)
+        by_job = {j.job: j for j in results}
+        d = self.detector.config
+        out = []
+        for view in jobs:
+            st = by_job.get(view.job)
+            if st is None:
+                continue
+            ev = st.evidence
+            world = (
+                view.world_size
+                if view.world_size is not None
+                else (view.stacks.world_size if view.stacks is not None else None)
+            )
+            out.append(
+                local_facts(
+                    now,
+                    self.node,
+                    job=view.job,
+                    world_size=world,
+                    ranks=view.ranks,
+                    stacks=view.stacks,
+                    verdict=str(st.verdict),
+                    onset=st.onset,
+                    kill_worthy=st.kill_worthy,
+                    writing=float(ev.get("bytes_written_recently") or 0.0) >= d.write_active_bytes,
+                    reading=float(ev.get("bytes_read_recently") or 0.0) >= d.read_active_bytes,
+                    gpu_spin_since=spin,
+                    fresh_s=d.stacks_fresh_s,
+                )
+            )
+        return tuple(out)
+
     def _event(
         self,
         kind: str,
@@ -616,9 +822,12 @@ class Daemon:
         self.detector.config = detector_settings(new)
         if new.stacks != self.config.stacks:
             self.stacks.close()
-            self.stacks = make_sampler(new)
+            self.stacks = make_sampler(new, self.clock)
         if new.ras != self.config.ras:
-            self.ras = make_ras(new)
+            self.ras = make_ras(new, self.clock)
+        if new.cluster != self.config.cluster:
+            self.fleet.close()
+            self.fleet = make_fleet(new, self.clock)
         if new.progress != self.config.progress:
             self.progress = ProgressReader(
                 new.progress.dir, stale_after_s=new.progress.stale_after_s, host=socket.gethostname()
@@ -634,6 +843,15 @@ class Daemon:
         self._event("daemon", {"event": "reloaded", "config": new.origin})
         self.notifier.ready("configuration reloaded")
         log.info("configuration reloaded from %s", new.origin)
+
+
+def boot_id() -> str | None:
+    """The kernel's boot id (the monotonic clock restarts with it), None where unreadable."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read(64).strip() or None
+    except OSError:
+        return None
 
 
 def check_token(config: Config) -> None:
@@ -668,13 +886,32 @@ def validate_classifier(config: Config) -> None:
 
 
 def detector_settings(config: Config) -> DetectorSettings:
-    return DetectorSettings(**asdict(config.detector), **config.stacks.detector_settings())
+    return DetectorSettings(
+        **asdict(config.detector),
+        **config.stacks.detector_settings(),
+        **config.cluster.detector_settings(),
+        fleet_node=config.daemon.node,
+    )
+
+
+def make_fleet(config: Config, clock: Callable[[], float] = time.time) -> FleetPoller:
+    c = config.cluster
+    return FleetPoller(
+        PollerConfig(
+            prometheus_url=c.prometheus_url,
+            node=config.daemon.node,
+            min_interval_s=c.min_interval_s,
+            timeout_s=c.timeout_s,
+            max_response_bytes=c.max_response_bytes,
+        ),
+        clock=clock,
+    )
 
 
 _CALM = (Verdict.HEALTHY, Verdict.CHECKPOINT)
 
 
-def make_ras(config: Config) -> RasPoller:
+def make_ras(config: Config, clock: Callable[[], float] = time.time) -> RasPoller:
     r = config.ras
     return RasPoller(
         RasConfig(
@@ -683,11 +920,12 @@ def make_ras(config: Config) -> RasPoller:
             port=r.port,
             min_interval_s=r.min_interval_s,
             timeout_s=r.timeout_s,
-        )
+        ),
+        clock=clock,
     )
 
 
-def make_sampler(config: Config) -> StackSampler:
+def make_sampler(config: Config, clock: Callable[[], float] = time.time) -> StackSampler:
     s = config.stacks
     return StackSampler(
         SamplerConfig(
@@ -700,7 +938,8 @@ def make_sampler(config: Config) -> StackSampler:
             timeout_s=s.timeout_s,
             budget_cpu_s_per_min=s.budget_cpu_s_per_min,
             max_parallel=s.max_parallel,
-        )
+        ),
+        clock=clock,
     )
 
 

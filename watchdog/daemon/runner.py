@@ -49,6 +49,31 @@ class RunOptions:
         return out
 
 
+NOFILE_TARGET = 65536
+"""Open files the daemon wants (the systemd unit sets LimitNOFILE= to the same)."""
+
+
+def raise_nofile(target: int = NOFILE_TARGET) -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE toward ``target`` (within the hard limit): at the usual soft 1024,
+    a thousand client sockets would starve the process scan and the event store of descriptors
+    (EMFILE). Returns (before, after); logs when it stays low."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (OSError, ValueError) as e:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, want, e)
+            return soft, soft
+        log.info("open-files limit raised from %d to %d", soft, want)
+        return soft, want
+    if soft != resource.RLIM_INFINITY and soft < 4096:
+        log.warning("open-files limit is %d (hard %d): set LimitNOFILE=%d in the unit", soft, hard, target)
+    return soft, soft
+
+
 def run_daemon(options: RunOptions) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; 0 after a clean stop, 2 on bad config."""
     from gpu_triage.daemon.loop import Daemon, install_signal_handlers, summary_line
@@ -68,6 +93,7 @@ def run_daemon(options: RunOptions) -> int:
     from gpu_triage.journal.logs import configure as configure_logging
 
     configure_logging(config.daemon.log_level, config.daemon.log_format, stream=sys.stderr)
+    raise_nofile()
     try:
         source = make_source(config.daemon.source, deadline_s=config.daemon.nvml_deadline_s, log=log)
     except (ValueError, TelemetryUnavailable) as e:

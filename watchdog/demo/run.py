@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +28,7 @@ gpu-watchdog {mode_line}
 def main(*, state_dir: str, port: int, sim_skip_s: float = 0.0) -> int:
     """``sim_skip_s`` starts the scenario that far into its timeline (tests: reach the deadlock sooner)."""
     from gpu_triage.daemon.runner import RunOptions, run_daemon
+    from gpu_triage.demo import simjob
     from gpu_triage.telemetry.nvml import nvml_available
 
     state = Path(state_dir).resolve()
@@ -54,20 +54,7 @@ def main(*, state_dir: str, port: int, sim_skip_s: float = 0.0) -> int:
         )
         for stale in progress.glob("*/rank-*.json"):
             stale.unlink()
-        job = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ft_trainer.simjob",
-                "--progress-dir",
-                str(progress),
-                "--scratch-dir",
-                str(state / "scratch"),
-                "--start-epoch",
-                str(start),
-            ],
-            start_new_session=True,
-        )
+        job = simjob.start(progress, start, scratch_dir=state / "scratch")
     print(BANNER.format(mode_line=mode_line, port=port, state=state), flush=True)
     try:
         return run_daemon(options)

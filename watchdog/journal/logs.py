@@ -214,6 +214,7 @@ def configure(level: str = "info", log_format: str = "text", stream: TextIO | No
         raise ValueError(f"daemon.log_format: expected one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -257,6 +258,35 @@ class RateLimiter:
         for k in idle or sorted(self._times, key=lambda k: self._times[k][-1] if self._times[k] else 0)[:1]:
             self._times.pop(k, None)
             self._suppressed.pop(k, None)
+
+
+class RepeatFilter(logging.Filter):
+    """Rate-limits every log record by where it comes from (logger, level, message template): at most
+    ``burst`` per ``window_s`` (default 10 a minute), the next one that passes says how many similar
+    ones were dropped. An error that repeats every cycle or on every connection (EMFILE while file
+    descriptors are exhausted, a failing receiver) therefore writes a few lines a minute, not millions.
+    :class:`LogLine` records are left alone: :class:`EventLog` limits them per (kind, job) already."""
+
+    def __init__(
+        self, burst: int = 10, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.limiter = RateLimiter(burst, window_s)
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "gpu_watchdog_event", None) is not None:
+            return True
+        key = (record.name, str(record.levelno), str(record.msg)[:200])
+        with self._lock:
+            allowed, suppressed = self.limiter.admit(key, self.clock())
+            if not allowed:
+                self.dropped += 1
+        if allowed and suppressed:
+            record.msg = f"{record.msg} [{suppressed} similar message(s) suppressed before this one]"
+        return allowed
 
 
 # -------------------------------------------------------------------------------------- the log

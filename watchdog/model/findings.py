@@ -39,12 +39,17 @@ class Signal(StrEnum):
     """Every rank's Python stack unchanged for ``stacks_frozen_s``, waiting in a collective."""
     STACKS_DIVERGED = "stacks_diverged"
     """Frozen ranks wait in different places (other collectives or call sites): the odd ranks named."""
+    STACKS_PHASE_SPLIT = "stacks_phase_split"
+    """Some ranks wait in a collective inside a save or an eval while the others are frozen inside a
+    training step (the epoch-end deadlock of uneven shards, with the save or eval as the odd phase)."""
     RANKS_ASLEEP = "ranks_asleep"
     NCCL_COUNTS_FROZEN = "nccl_counts_frozen"
     """NCCL RAS: no collective launched between two polls on the job's communicators."""
     NCCL_MISSING_RANKS = "nccl_missing_ranks"
     """NCCL RAS: ranks that did not answer, or whose launched counts are behind (named)."""
     """Every rank's host CPU idle while its stack is frozen (a rank blocked in gloo sleeps)."""
+    REMOTE_COMPLETE = "remote_complete"
+    """Other nodes' fresh facts (Prometheus) complete this node's proof: every rank of the world."""
     # progress (against a hang)
     STEPS_ADVANCING = "steps_advancing"
     GPUS_WORKING = "gpus_working"
@@ -56,6 +61,8 @@ class Signal(StrEnum):
     STACK_IN_SAVE = "stack_in_save"
     """A rank's stack is inside a checkpoint save (DeepSpeed, HF, torch.save, safetensors, DCP)."""
     STACK_IN_EVAL = "stack_in_eval"
+    REMOTE_VETO = "remote_veto"
+    """Another node's fresh fact explains the wait (a save or eval there, its ranks writing)."""
     # context
     NO_WRITES = "no_writes"
     NO_PROGRESS_FILES = "no_progress_files"
@@ -66,6 +73,8 @@ class Signal(StrEnum):
     FIRST_STEP = "first_step"
     UNTRUSTED_PROGRESS_FILE = "untrusted_progress_file"
     NO_STACKS = "no_stacks"
+    REMOTE_UNKNOWN = "remote_unknown"
+    """Other nodes' facts missing, stale or unanswered: this node's own judgment only."""
     """Stack sampling unavailable (py-spy missing, ptrace denied, disabled) or ranks not sampled."""
 
 

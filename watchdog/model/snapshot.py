@@ -100,6 +100,14 @@ class Snapshot:
     judge), ``store`` (the event store on memory only), ``actions`` (the action engine raised)."""
     failed_cycles: int = 0
     """Consecutive cycles that raised before publishing (this snapshot is the last good one)."""
+    clock_offset_s: float = 0.0
+    """The wall clock minus the daemon's monotonic timeline (0 until the wall clock steps): add it to a
+    time shown here to read it on the wall clock as it is now (``gpu_triage.model.clock``)."""
     stacks: dict[str, Any] = field(default_factory=dict)
     """The stack sampler's status: state (available, py_spy_missing, ptrace_denied, disabled), its
     CPU spend over the last minute against its budget, dump counters."""
+    fleet: tuple[Any, ...] = ()
+    """This node's facts about each job's ranks, for the other nodes (gpu_watchdog_fleet_* series):
+    :class:`gpu_triage.signals.fleet.facts.JobFacts` values (typed there: the model layer is below it)."""
+    cluster: dict[str, Any] = field(default_factory=dict)
+    """The reader of other nodes' facts ([cluster]): Prometheus URL, queries, last error."""

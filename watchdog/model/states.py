@@ -43,6 +43,10 @@ class Verdict(StrEnum):
     SUSPENDED = "suspended"
     """A rank is stopped (SIGSTOP, a scheduler's suspend): nothing can advance until it resumes."""
     TELEMETRY_LOST = "telemetry_lost"
+    CANNOT_JUDGE = "cannot_judge"
+    """The watchdog has nothing here that could show progress or a hang for this job (no progress
+    files, no GPU mapped or readable, no stacks), or only idle GPUs held by live ranks: it says so,
+    with what it cannot judge and why in ``cause``, instead of ``healthy``. Alert at most."""
 
 
 VERDICTS: tuple[Verdict, ...] = tuple(Verdict)

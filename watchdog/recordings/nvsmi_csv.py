@@ -38,7 +38,7 @@ import os
 import re
 import threading
 import warnings as _warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from functools import partial
@@ -487,7 +487,7 @@ class NvsmiCsvReader:
             tail = bytes(buffer[:filled])
             yield _Text(tail, len(tail)), line_no, offset + filled, -1
 
-    def _blocks(self, chunk_bytes: int, extra: bool) -> Iterator[tuple[_Block, int]]:
+    def _blocks(self, chunk_bytes: int, extra: bool) -> Generator[tuple[_Block, int], None, None]:
         """Parsed blocks with their end offsets; applies the truncated-last-line rule."""
         for text, first_line, end_offset, newlines in self._raw_blocks(chunk_bytes):
             if newlines >= 0:
@@ -798,7 +798,7 @@ class NvsmiCsvReader:
         gpu_names = None
         if probe.names is not None:
             names = probe.names.to_pylist()
-            first_row = {}
+            first_row: dict[int, int] = {}
             for row, g in enumerate(gpu[: gpus * 2 + 64].tolist()):
                 first_row.setdefault(g, row)
             gpu_names = tuple(names[first_row[g]] if g in first_row else "" for g in range(gpus))
@@ -821,6 +821,7 @@ class NvsmiCsvReader:
 
     def _infer_gpus(self, probe: _Block) -> tuple[int, str]:
         layout = self._layout
+        gpus: int | None
         if self._gpus_arg is not None:
             gpus, source = self._gpus_arg, "caller"
         elif probe.index is not None:
@@ -831,6 +832,7 @@ class NvsmiCsvReader:
                 labels = probe.labels.slice(0, 2 * gpu_count.MAX_GPUS + 1).to_pylist()
                 found = gpu_count.period_from_labels(labels[0], labels)
                 if found is not None and (found < len(labels) or len(labels) == len(probe)):
+                    assert layout.label is not None  # labels are read only from a label column
                     gpus, source = found, layout.names[layout.label]
             if gpus is None and probe.time_s is not None:
                 found = gpu_count.period_from_gaps(probe.time_s)
@@ -848,6 +850,7 @@ class NvsmiCsvReader:
                     "cannot infer the GPU count (no index column, and neither the timestamps nor the "
                     "values repeat clearly): pass --gpus (gpus=)",
                 )
+        assert gpus is not None
         if layout.label is not None and layout.index is None and probe.labels is not None:
             first = probe.labels.slice(0, gpus)
             distinct = pc.count_distinct(first).as_py()
@@ -871,7 +874,7 @@ class NvsmiCsvReader:
                 raise RecordingError(
                     self.path,
                     int(block.line[row]),
-                    self._layout.index + 1,
+                    (self._layout.index or 0) + 1,
                     f"index {block.index[row]} but the recording has {gpus} GPUs "
                     f"({'--gpus' if self._gpus_arg else 'from the first rows'})",
                 )
@@ -883,7 +886,7 @@ class NvsmiCsvReader:
                 raise RecordingError(
                     self.path,
                     int(block.line[row]),
-                    self._layout.label + 1,
+                    (self._layout.label or 0) + 1,
                     f"{_short(block.labels[row].as_py())} is not one of the {gpus} GPUs of the first rows",
                 )
             return found.to_numpy().astype(np.int32)

@@ -134,7 +134,9 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
     document["input_errors"] = _plain(list(snapshot.input_errors))
     document["failed_cycles"] = snapshot.failed_cycles
+    document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
     document["stacks"] = _plain(snapshot.stacks)
+    document["cluster"] = _plain(snapshot.cluster)
     return document
 
 
@@ -228,11 +230,22 @@ class StatusDoc(_Doc):
         "where, error",
     )
     failed_cycles: int = Field(0, description="Consecutive cycles that failed (this is the last good one)")
+    clock_offset_s: float = Field(
+        0.0,
+        description="Wall clock minus the daemon's monotonic timeline, on which every time here lies "
+        "(0 until the wall clock steps)",
+    )
     stacks: dict[str, Any] = Field(
         default_factory=dict,
         description="Stack sampler (py-spy): state (available, py_spy_missing, ptrace_denied, disabled), "
         "cpu_s_last_min against budget_cpu_s_per_min, dump counters, nccl_ras (the RAS poller); per-job "
         "stacks and RAS facts are in the job evidence",
+    )
+    cluster: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Other nodes' facts from Prometheus ([cluster]): prometheus_url (null: per-node only), "
+        "queries_total, errors_total, last_error; per job, evidence.fleet says what they completed or "
+        "vetoed, or why they are unknown (fallback: per-node judgment)",
     )
 
 
@@ -282,6 +295,37 @@ class CommandDoc(_Doc):
 
 # --------------------------------------------------------------------------------------------------
 # Request body limit (pure ASGI, before routing, authentication and parsing)
+
+
+METRICS_MAX_AGE_S = 1.0
+"""A cached /metrics body is reused for the same snapshot at most this long (process_* metrics)."""
+
+
+class HealthFirst:
+    """``GET``/``HEAD /healthz`` answered at once, ahead of routing, dependencies and body handling:
+    the cheapest request the server has, whatever else is queued."""
+
+    def __init__(self, app: ASGIApp, health: Callable[[], tuple[dict[str, Any], int]]) -> None:
+        self.app = app
+        self.health = health
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
+            document, status_code = self.health()
+            body = _dumps(document)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status_code,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+            return
+        await self.app(scope, receive, send)
 
 
 class BodySizeLimit:
@@ -455,6 +499,7 @@ def create_app(
     max_age_s = max(STALE_PERIODS * period_s, MIN_STALE_S)
     registry = metrics_registry if metrics_registry is not None else make_registry(snapshots)
     rendered: list[_Rendered] = []  # at most one entry: the latest snapshot's bodies
+    metrics_cache: dict[str, tuple[Snapshot | None, float, bytes, str]] = {}
 
     app = FastAPI(
         title="gpu-watchdog",
@@ -462,6 +507,39 @@ def create_app(
         description="Per-node GPU training watchdog: status, events, metrics and controls.",
     )
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+
+    def health() -> tuple[dict[str, Any], int]:
+        snapshot = snapshots.latest()
+        if snapshot is None:
+            return {
+                "status": "starting",
+                "last_cycle_age_s": None,
+                "max_age_s": max_age_s,
+                "cycle": None,
+            }, 503
+        age_s = clock() - snapshot.time  # both on the daemon's monotonic timeline (model.clock)
+        fresh = age_s < max_age_s
+        failing = snapshot.failed_cycles >= FAILING_AFTER_CYCLES
+        errors = sorted(
+            {str(e.get("kind")) for e in snapshot.input_errors if e.get("kind") in DEGRADING_ERRORS}
+        )
+        degraded = snapshot.failed_cycles > 0 or bool(errors)
+        return (
+            {
+                "status": "failing"
+                if failing
+                else ("stale" if not fresh else ("degraded" if degraded else "ok")),
+                "last_cycle_age_s": round(age_s, 3),
+                "max_age_s": max_age_s,
+                "cycle": snapshot.cycle,
+                "failed_cycles": snapshot.failed_cycles,
+                "failed_cycles_total": int(snapshot.counters.get("failed_cycles_total", 0)),
+                "errors": errors,
+            },
+            200 if fresh and not failing else 503,
+        )
+
+    app.add_middleware(HealthFirst, health=health)  # inside the Host check, before any body is read
     if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
         from gpu_triage.serving.host_check import HostCheck, HostPolicy
 
@@ -491,34 +569,11 @@ def create_app(
     )
     async def healthz() -> Response:
         """200 while the last cycle is younger than max(3 periods, 5 s); else 503 (stale/starting);
-        503 ``failing`` as soon as 3 cycles in a row raised. ``degraded`` (still 200: the loop runs) the
-        moment one cycle raised or a job could not be judged or recorded, with what failed."""
-        snapshot = snapshots.latest()
-        if snapshot is None:
-            return _json(
-                {"status": "starting", "last_cycle_age_s": None, "max_age_s": max_age_s, "cycle": None}, 503
-            )
-        age_s = clock() - snapshot.time
-        fresh = age_s < max_age_s
-        failing = snapshot.failed_cycles >= FAILING_AFTER_CYCLES
-        errors = sorted(
-            {str(e.get("kind")) for e in snapshot.input_errors if e.get("kind") in DEGRADING_ERRORS}
-        )
-        degraded = snapshot.failed_cycles > 0 or bool(errors)
-        return _json(
-            {
-                "status": "failing"
-                if failing
-                else ("stale" if not fresh else ("degraded" if degraded else "ok")),
-                "last_cycle_age_s": round(age_s, 3),
-                "max_age_s": max_age_s,
-                "cycle": snapshot.cycle,
-                "failed_cycles": snapshot.failed_cycles,
-                "failed_cycles_total": int(snapshot.counters.get("failed_cycles_total", 0)),
-                "errors": errors,
-            },
-            200 if fresh and not failing else 503,
-        )
+        503 ``failing`` as soon as 3 cycles in a row raised; ``degraded`` (still 200: the loop runs) the
+        moment one cycle raised or a job could not be judged or recorded, with what failed. (Answered
+        by :class:`HealthFirst` ahead of routing; this route documents it.)"""
+        document, status_code = health()
+        return _json(document, status_code)
 
     @app.get("/status", response_model=None, responses={200: {"model": StatusDoc}})
     async def status() -> Response:
@@ -570,7 +625,21 @@ def create_app(
     )
     async def metrics(request: Request) -> Response:
         """Prometheus exposition (OpenMetrics when the scraper asks for it)."""
-        body, content_type = render(registry, request.headers.get("accept"))
+        accept = request.headers.get("accept")
+        if metrics_registry is not None:  # a caller's registry: rendered every time
+            body, content_type = render(registry, accept)
+            return Response(body, headers={"Content-Type": content_type})
+        # Rendered once per published cycle (and at most once a second for the process_* metrics) and
+        # shared: a /metrics flood costs bytes sent, not a render per request.
+        snapshot, now_m = snapshots.latest(), time.monotonic()
+        key = accept or ""
+        hit = metrics_cache.get(key)
+        if hit is not None and hit[0] is snapshot and now_m - hit[1] < METRICS_MAX_AGE_S:
+            return Response(hit[2], headers={"Content-Type": hit[3]})
+        body, content_type = render(registry, accept)
+        if len(metrics_cache) >= 8:  # a few Accept variants (text, OpenMetrics); a bounded dict
+            metrics_cache.clear()
+        metrics_cache[key] = (snapshot, now_m, body, content_type)
         return Response(body, headers={"Content-Type": content_type})
 
     def accepted(mode: Mode, armed: bool) -> Response:

@@ -5,10 +5,22 @@ no signal handlers (as glances' ``GlancesUvicornServer`` does) and leaves loggin
 daemon (``log_config=None``; access log off by default). The listening socket is bound before the
 thread starts, so a taken port fails :meth:`HttpServer.start` at once with "HOST:PORT is in use", and
 ``port=0`` picks a free port that :attr:`HttpServer.port` then reports.
+
+**Health that a flood cannot starve.** Every connection is guarded (:class:`_GuardedH11Protocol`): a
+connection must complete a request within ``request_timeout_s`` of opening or of its previous response
+(a slow-header or slow-body client - slowloris - is closed, never held for ever; a request whose body
+has fully arrived is never cut while the app answers it), and at most ``max_connections`` are open
+(half the open-files limit, at most 4096):
+one more closes the connection that has gone longest without completing a request. File descriptors
+therefore stay bounded whatever a client does, and a fresh ``/healthz`` connection always gets in.
+Together with the cheap ``/healthz`` path and the ``/metrics`` body rendered once per cycle
+(:mod:`gpu_triage.serving.api`), a ``/metrics`` flood or a thousand slow sockets leave ``/healthz``
+answering in milliseconds (``make bench``: ``python -m benchmarks health``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -17,8 +29,10 @@ import threading
 import time
 from collections.abc import Iterator
 
+import h11
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +58,75 @@ class _ThreadServer(uvicorn.Server):
         return None
 
 
+MAX_CONNECTIONS = 4096
+"""Open connections at most (and never more than half the open-files limit: 512 at the usual 1024);
+one more evicts the connection that has gone longest without a response."""
+
+
+def connection_cap(ceiling: int = MAX_CONNECTIONS) -> int:
+    """The connection cap for this process: half its soft open-files limit, at most ``ceiling``."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return ceiling
+    return max(16, min(ceiling, soft // 2))
+
+
+REQUEST_TIMEOUT_S = 10.0
+"""A connection must complete a request within this long of opening or of its previous response."""
+LISTEN_BACKLOG = 1024
+
+
+class _GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a request deadline and a connection cap (see the module doc)."""
+
+    max_connections = MAX_CONNECTIONS
+    request_timeout_s = REQUEST_TIMEOUT_S
+    evicted = 0
+    """Connections closed by the guard (slow or over the cap), for tests and the bench."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._progress_m = time.monotonic()
+        self._guard = self.loop.call_later(self.request_timeout_s, self._check_progress)
+        if len(self.connections) > self.max_connections:
+            others = [c for c in self.connections if c is not self and isinstance(c, _GuardedH11Protocol)]
+            victim = min(others, key=lambda c: c._progress_m, default=None)
+            (victim or self)._guard_close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        guard = getattr(self, "_guard", None)
+        if guard is not None:
+            guard.cancel()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        self._progress_m = time.monotonic()
+        super().on_response_complete()
+
+    def _answering(self) -> bool:
+        """The request has fully arrived and the app is still answering it: never cut."""
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete and self.conn.their_state is h11.DONE
+
+    def _check_progress(self) -> None:
+        if self.transport.is_closing():
+            return
+        due = self._progress_m + self.request_timeout_s
+        now = time.monotonic()
+        if now < due or self._answering():
+            self._guard = self.loop.call_later(
+                max(0.05, due - now) if now < due else self.request_timeout_s, self._check_progress
+            )
+            return
+        self._guard_close()
+
+    def _guard_close(self) -> None:
+        type(self).evicted += 1
+        self.transport.close()
+
+
 def _bind(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(
@@ -62,7 +145,7 @@ def _bind(host: str, port: int) -> socket.socket:
         # listeners on one port.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as error:
         sock.close()
         if error.errno == errno.EADDRINUSE:
@@ -82,6 +165,8 @@ class HttpServer:
         *,
         access_log: bool = False,
         log_level: str = "warning",
+        max_connections: int | None = None,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.app = app
         self.host = host
@@ -93,6 +178,16 @@ class HttpServer:
         self._server: _ThreadServer | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.protocol = type(
+            "GuardedH11Protocol",
+            (_GuardedH11Protocol,),
+            {
+                "max_connections": connection_cap() if max_connections is None else max_connections,
+                "request_timeout_s": request_timeout_s,
+                "evicted": 0,
+            },
+        )
+        """This server's protocol class: its ``evicted`` counts connections the guard closed."""
 
     @property
     def port(self) -> int:
@@ -124,6 +219,8 @@ class HttpServer:
             access_log=self._access_log,
             timeout_graceful_shutdown=5,
             server_header=False,
+            http=self.protocol,
+            backlog=LISTEN_BACKLOG,
         )
         self._server = _ThreadServer(config)
         self._thread = threading.Thread(target=self._serve, name="http-server", daemon=True)

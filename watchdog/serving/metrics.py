@@ -35,8 +35,10 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from gpu_triage.model.snapshot import GpuStatus, Snapshot
-from gpu_triage.model.states import GPU_STATES, VERDICTS, Mode
+from gpu_triage.model.states import GPU_STATES, VERDICTS, GpuState, Mode
 from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.fleet.exposition import METRIC_NAMES as FLEET_METRIC_NAMES
+from gpu_triage.signals.fleet.exposition import fleet_metrics
 
 PREFIX = "gpu_watchdog_"
 GPU_LABELS = ("gpu", "UUID", "Hostname")
@@ -57,6 +59,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_state": "gauge",
     "gpu_watchdog_state_since_timestamp_seconds": "gauge",
     "gpu_watchdog_read_errors_total": "counter",
+    "gpu_watchdog_gpu_held_idle_seconds": "gauge",
     "gpu_watchdog_verdict": "gauge",
     "gpu_watchdog_verdict_onset_timestamp_seconds": "gauge",
     "gpu_watchdog_verdict_raised_timestamp_seconds": "gauge",
@@ -76,12 +79,14 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_start_timestamp_seconds": "gauge",
     "gpu_watchdog_cycles_total": "counter",
     "gpu_watchdog_missed_cycles_total": "counter",
+    "gpu_watchdog_clock_offset_seconds": "gauge",
     "gpu_watchdog_failed_cycles_total": "counter",
     "gpu_watchdog_degraded_cycles_total": "counter",
     "gpu_watchdog_input_errors": "gauge",
     "gpu_watchdog_armed": "gauge",
     "gpu_watchdog_mode": "gauge",
     "gpu_watchdog_info": "info",
+    **FLEET_METRIC_NAMES,
 }
 
 
@@ -194,6 +199,38 @@ def _gpu_metrics(gpus: tuple[GpuStatus, ...], hostname: str) -> Iterator[Metric]
     for family, _attribute in per_gpu:
         yield family
     yield from (sm_clock, state, read_errors)
+
+
+HELD_MEMORY_BYTES = 1 << 30
+"""A GPU with at least this much memory in use is held by a live process (freed when it exits)."""
+
+
+def held_idle_s(gpu: GpuStatus, now: float) -> float | None:
+    """Seconds the GPU has been ``idle`` while a process holds its memory (None: it is not)."""
+    memory = _finite(gpu.memory_used_bytes)
+    if gpu.state != GpuState.IDLE or memory is None or memory < HELD_MEMORY_BYTES or gpu.state_since is None:
+        return None
+    return max(0.0, now - gpu.state_since)
+
+
+def _held_idle(snapshot: Snapshot) -> Metric:
+    """GPUs held idle (issue 19): idle with memory held by a live process - a hung data loader, a
+    job paused on purpose, a forgotten notebook. One series per such GPU, labelled with the job whose
+    rank the daemon tied to it (empty: no job is tied to it, e.g. a container without host PIDs)."""
+    family = _gauge(
+        PREFIX + "gpu_held_idle_seconds",
+        "Seconds the GPU has been idle with memory held by a live process (absent when it is not).",
+        [*GPU_LABELS, JOB_LABEL],
+        "seconds",
+    )
+    holder = {
+        r.gpu: j.job for j in snapshot.jobs for r in j.ranks if r.gpu is not None and r.alive is not False
+    }
+    for gpu in snapshot.gpus:
+        held = held_idle_s(gpu, snapshot.time)
+        if held is not None:
+            family.add_metric([*_gpu_labels(gpu, snapshot.node), holder.get(gpu.gpu, "")], held)
+    return family
 
 
 def _job_metrics(snapshot: Snapshot) -> Iterator[Metric]:
@@ -332,6 +369,14 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     missed = _counter(PREFIX + "missed_cycles_total", "Ticks skipped because a cycle overran its period.", [])
     missed.add_metric([], float(snapshot.counters.get("missed_cycles_total", 0.0)))
     yield missed
+    offset = _gauge(
+        PREFIX + "clock_offset_seconds",
+        "Wall clock minus the daemon's monotonic timeline (0 until the wall clock steps).",
+        [],
+        "seconds",
+    )
+    offset.add_metric([], snapshot.clock_offset_s)
+    yield offset
     armed = _gauge(PREFIX + "armed", "1 when the daemon is armed to act (alert or kill), else 0.", [])
     armed.add_metric([], 1.0 if snapshot.armed else 0.0)
     yield armed
@@ -375,9 +420,11 @@ def _error_metrics(snapshot: Snapshot) -> Iterator[Metric]:
 def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     """All metric families for one snapshot (pure: the snapshot in, families out)."""
     yield from _gpu_metrics(snapshot.gpus, snapshot.node)
+    yield _held_idle(snapshot)
     yield from _job_metrics(snapshot)
     yield from _daemon_metrics(snapshot)
     yield from _error_metrics(snapshot)
+    yield from fleet_metrics(snapshot.fleet)
 
 
 class SnapshotCollector(Collector):

@@ -41,6 +41,7 @@ from typing import Any
 import psutil
 
 from gpu_triage.contract import FIELDS, LEASE_SCOPES, MAX_FILE_BYTES, PHASES, STALE_AFTER_S
+from gpu_triage.model.clock import wall_to_timeline
 from gpu_triage.model.names import job_name_problem, printable
 
 MAX_DEPTH = 4
@@ -99,6 +100,17 @@ class ProgressRecord:
     lease_scope: str | None = None
     """Optional ``lease_scope``: ``"job"`` when the trainer announces every collective phase on every
     rank (waiting ranks included), ``"rank"`` or absent when only the ranks doing the work do."""
+    step_time: float | None = None
+    """Optional: when ``step`` last changed (never later than ``time``); None: not written."""
+    phase_time: float | None = None
+    """Optional: when ``phase`` was entered (never later than ``time``); None: not written."""
+
+    def step_since(self) -> float:
+        """When this record's step began: ``step_time``, else (an older writer) the write ``time``."""
+        return self.time if self.step_time is None else self.step_time
+
+    def phase_since(self) -> float:
+        return self.time if self.phase_time is None else self.phase_time
 
 
 # ------------------------------------------------------------------------------------------ pure
@@ -190,6 +202,11 @@ def parse_record(data: bytes | str) -> ProgressRecord:
         )
     if phase != "train" and lease_until is None:
         raise ProgressFormatError(f"lease_until: the {phase} phase needs a lease, got null")
+    written = _time(obj["time"], "time")
+    since = {}
+    for name in ("step_time", "phase_time"):
+        value = obj.get(name)
+        since[name] = None if value is None else min(_time(value, name), written)
     return ProgressRecord(
         job=job,
         rank=rank,
@@ -202,8 +219,10 @@ def parse_record(data: bytes | str) -> ProgressRecord:
         tokens=_int(obj, "tokens"),
         phase=phase,
         lease_until=lease_until,
-        time=_time(obj["time"], "time"),
+        time=written,
         lease_scope=scope,
+        step_time=since["step_time"],
+        phase_time=since["phase_time"],
     )
 
 
@@ -243,9 +262,12 @@ class StepMark:
 class StepTracker:
     """Remembers, per (job, rank), the step and the phase, and when each was first reported.
 
-    The first sight of a rank uses the record's own ``time``: the writer writes at least at every
-    step change (rate-limited to 1/s) and at every phase change, so a file that has not changed since
-    is a step not advanced since then - right even when the daemon starts in the middle of a hang. A
+    The first sight of a rank uses the record's ``step_time``/``phase_time`` (when the writer says the
+    step changed and the phase began) or, from an older writer, its ``time``: a file that has not
+    changed since is a step not advanced since then. ``time`` alone is right only while nothing
+    rewrites the file during a hang - a flusher's heartbeat does - so a daemon restarted mid-hang
+    also restores what it saw before (:meth:`export` / :meth:`restore`, mirrored into the event store
+    by the daemon): a rank still at the restored step with the same pid keeps the restored times. A
     step going backwards (a restart from a checkpoint) counts as a change. The phase change time is
     what lets the detector measure frozen time from a rank's *return* to ``train``, so time spent
     under a lease never counts as frozen.
@@ -253,18 +275,32 @@ class StepTracker:
 
     def __init__(self) -> None:
         self._marks: dict[tuple[str, int], StepMark] = {}
+        self._pids: dict[tuple[str, int], int] = {}
+        self._restored: dict[tuple[str, int], tuple[int, StepMark]] = {}
+        self.version = 0
+        """Bumped whenever a mark changes (the daemon persists the marks when it moved)."""
 
     def observe(self, record: ProgressRecord) -> StepMark:
         key = (record.job, record.rank)
         mark = self._marks.get(key)
         if mark is None:
-            mark = StepMark(record.step, record.time, record.phase, record.time, None)
+            restored = self._restored.pop(key, None)
+            if restored is not None and restored[0] == record.pid:
+                mark = restored[1]
+        before = mark
+        if mark is None:
+            mark = StepMark(record.step, record.step_since(), record.phase, record.phase_since(), None)
         else:
             if mark.step != record.step:
-                mark = replace(mark, step=record.step, since_s=record.time)
+                mark = replace(mark, step=record.step, since_s=record.step_since())
             if mark.phase != record.phase:
-                mark = replace(mark, phase=record.phase, phase_since_s=record.time, previous_phase=mark.phase)
+                mark = replace(
+                    mark, phase=record.phase, phase_since_s=record.phase_since(), previous_phase=mark.phase
+                )
+        if mark != before or self._pids.get(key) != record.pid:
+            self.version += 1
         self._marks[key] = mark
+        self._pids[key] = record.pid
         return mark
 
     def get(self, job: str, rank: int) -> StepMark | None:
@@ -275,6 +311,46 @@ class StepTracker:
         keep = set(keep)
         for key in [k for k in self._marks if k not in keep]:
             del self._marks[key]
+            self._pids.pop(key, None)
+            self.version += 1
+
+    def export(self, limit: int = 4096) -> list[dict[str, Any]]:
+        """The marks as JSON values (at most ``limit``), for a restarted daemon's :meth:`restore`."""
+        out = []
+        for (job, rank), m in sorted(self._marks.items())[:limit]:
+            out.append(
+                {
+                    "job": job,
+                    "rank": rank,
+                    "pid": self._pids.get((job, rank)),
+                    "step": m.step,
+                    "since_s": m.since_s,
+                    "phase": m.phase,
+                    "phase_since_s": m.phase_since_s,
+                    "previous_phase": m.previous_phase,
+                }
+            )
+        return out
+
+    def restore(self, entries: Any) -> int:
+        """Take marks a previous daemon saw; each applies once, to a rank of the same pid. Malformed
+        entries are skipped (the store is the daemon's own, but a corrupt value must not stop it)."""
+        count = 0
+        for e in entries if isinstance(entries, list) else ():
+            try:
+                key = (str(e["job"]), int(e["rank"]))
+                mark = StepMark(
+                    int(e["step"]),
+                    _time(e["since_s"], "since_s"),
+                    str(e["phase"]),
+                    _time(e["phase_since_s"], "phase_since_s"),
+                    None if e.get("previous_phase") is None else str(e["previous_phase"]),
+                )
+                self._restored[key] = (int(e["pid"]), mark)
+                count += 1
+            except (KeyError, TypeError, ValueError):
+                continue
+        return count
 
 
 # ------------------------------------------------------------------------------------------- view
@@ -398,6 +474,8 @@ class _Cached:
     error: str | None
     uid: int | None = None
     dir_uid: int | None = None
+    raw: ProgressRecord | None = None
+    """The record as written (wall-clock times); ``record`` holds them placed on the daemon's timeline."""
     record_uid: int | None = None
     """The owner of the file ``record`` was read from (kept when a tampered path keeps its record)."""
 
@@ -452,8 +530,15 @@ class ProgressReader:
         self._cache_paths: dict[str, Path] = {}
         self.priority: frozenset[str] = frozenset()
         """Job directory names read first (the daemon sets: jobs with live proven ranks)."""
+        self._now_s = self._wall_s = 0.0
 
-    def read(self, now_s: float) -> ProgressView:
+    def read(self, now_s: float, *, wall_s: float | None = None) -> ProgressView:
+        """Scan at ``now_s`` (the daemon's timeline, :mod:`gpu_triage.model.clock`); ``wall_s`` is the
+        wall clock now: the records' epoch times are placed on the timeline once, when a file is
+        (re)read, keeping their age (``now_s - (wall_s - t)``); a time a rewritten file repeats keeps
+        its first placement, so a clock step between two writes moves no lease and no step time.
+        None: the same as ``now_s``."""
+        self._now_s, self._wall_s = now_s, (now_s if wall_s is None else wall_s)
         errors: list[FileError] = []
         seen: dict[Path, _Cached] = {}
         try:
@@ -658,11 +743,40 @@ class ProgressReader:
                 f"replaced by {kind} of uid {st.st_uid}; the job's last record is kept",
                 uid=cached.uid,
                 record_uid=cached.record_uid,
+                raw=cached.raw,
             )
         loaded = self._parse(path, st, key, job, rank)
         loaded.uid = st.st_uid
         loaded.record_uid = st.st_uid if loaded.record is not None else None
+        if loaded.record is not None:
+            loaded.raw = loaded.record
+            loaded.record = self._place(loaded.record, cached)
         return loaded
+
+    def _place(self, record: ProgressRecord, previous: _Cached | None) -> ProgressRecord:
+        """The record's wall-clock times on the timeline (see :meth:`read`)."""
+        now_s, wall_s = self._now_s, self._wall_s
+        if now_s == wall_s:
+            return record
+        before = previous if previous is not None and previous.raw is not None else None
+
+        def placed(name: str) -> float | None:
+            raw = getattr(record, name)
+            if raw is None:
+                return None
+            if before is not None and before.record is not None and getattr(before.raw, name) == raw:
+                return getattr(before.record, name)
+            return wall_to_timeline(raw, now_s=now_s, wall_now_s=wall_s)
+
+        written = wall_to_timeline(record.time, now_s=now_s, wall_now_s=wall_s)
+        step_time, phase_time = placed("step_time"), placed("phase_time")
+        return replace(
+            record,
+            time=written,
+            lease_until=placed("lease_until"),
+            step_time=None if step_time is None else min(step_time, written),
+            phase_time=None if phase_time is None else min(phase_time, written),
+        )
 
     def _parse(
         self, path: Path, st: os.stat_result, key: tuple[int, int, int], job: str, rank: int

@@ -23,8 +23,9 @@ from gpu_triage.classify.power_table import PowerTable, TableError
 from gpu_triage.classify.table_files import match_model, resolve_table
 from gpu_triage.model.limits import MAX_POWER_LIMIT_W, MIN_POWER_LIMIT_W, power_limit_problem
 from gpu_triage.model.states import GPU_STATES, GpuState
-from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
-from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, find_deadlocks
+from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError, RecordingHeader
+from gpu_triage.triage.bursts import Bursts, BurstTracker
+from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, Cadence, Wait, analyse
 
 #: Points kept per GPU for the plot (evenly thinned).
 PLOT_POINTS_PER_GPU = 6000
@@ -59,6 +60,7 @@ class _GpuTrack:
     plot_t: list[np.ndarray] = field(default_factory=list)
     plot_p: list[np.ndarray] = field(default_factory=list)
     plot_u: list[np.ndarray] = field(default_factory=list)
+    bursts: BurstTracker | None = None
 
 
 @dataclass
@@ -80,6 +82,11 @@ class TriageResult:
     """Epoch seconds of the first sample (times in the result are relative to it)."""
     plot: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
     """Per GPU: thinned (time_s, power_w, state code, utilization_ratio) for plotting."""
+    waits: list[Wait] = field(default_factory=list)
+    """Spin episodes, one per GPU group and stretch without a compute burst (deadlock_rule)."""
+    cadences: list[tuple[tuple[int, ...], Cadence]] = field(default_factory=list)
+    """Per GPU group: the cadence of the waits it came back from."""
+    bursts: list[Bursts] = field(default_factory=list)
 
     @property
     def deadlock(self) -> bool:
@@ -101,6 +108,9 @@ class TriageResult:
             "table": self.table.path,
             "start_time": self.start_time,
             "warnings": self.warnings,
+            "spin_episodes": [w.to_json() for w in self.waits],
+            "cadences": [{"gpus": list(g), **c.to_json()} for g, c in self.cadences],
+            "bursts": [len(b) for b in self.bursts],
         }
 
 
@@ -188,7 +198,8 @@ def triage_file(
     )
     n_gpus, med = _median_intervals(path, header.gpus, opts.columns)
     cap = 2.0 * med
-    tracks = [_GpuTrack() for _ in range(n_gpus)]
+    spin = table.band(GpuState.CHECKPOINT_OR_DEADLOCK)
+    tracks = [_GpuTrack(bursts=BurstTracker(spin.power_max, spin.margin_power)) for _ in range(n_gpus)]
     t0: float | None = None
     total = 0
     thin = 1
@@ -233,6 +244,8 @@ def triage_file(
             gaps = np.minimum(gaps, cap[g])
             pos = tr.pos + np.cumsum(gaps)
             switches, tr.carry = classify_series(table, t, pf, u, tr.carry, pos)
+            assert tr.bursts is not None
+            tr.bursts.feed(t, pf)
             tr.switches.extend((s.since_s, s.since_pos, s.state) for s in switches)
             tr.last_t = float(t[-1])
             tr.pos = float(pos[-1])
@@ -246,6 +259,7 @@ def triage_file(
 
     if t0 is None:
         raise RecordingError(path, 1, 1, "the recording has no samples")
+    _check_snapshots(path, header, total, opts.columns)
     end_s = max((tr.last_t for tr in tracks if tr.last_t is not None), default=0.0)
     states_s = {str(s): 0.0 for s in GPU_STATES}
     per_gpu: list[dict[str, float]] = []
@@ -274,20 +288,23 @@ def triage_file(
     segments.sort(key=lambda s: (s["start_s"], s["gpu"]))
     # an interval reaching the last sample of every GPU is still open at the end of the recording
     open_end = min((tr.last_t for tr in tracks if tr.last_t is not None), default=end_s)
-    findings = (
-        find_deadlocks(band_intervals, open_end, opts.deadlock_after_s, segments=gpu_segments)
-        if n_gpus
-        else []
-    )
+    bursts = [tr.bursts.finish() if tr.bursts is not None else Bursts() for tr in tracks]
+    rule = analyse(band_intervals, open_end, opts.deadlock_after_s, gpu_segments, bursts)
     verdicts = [
         {
             "verdict": "deadlock",
+            "confidence": "suspected",
             "gpus": list(f.gpus),
             "onset_s": round(f.onset_s, 3),
             "detected_s": round(f.detected_s, 3),
             "ended_s": None if f.ended_s is None else round(f.ended_s, 3),
+            "departed_from_cadence_s": (
+                None if f.departed_from_cadence_s is None else round(f.departed_from_cadence_s, 3)
+            ),
+            "cadence": None if f.cadence is None else f.cadence.to_json(),
+            "evidence": list(f.evidence),
         }
-        for f in findings
+        for f in rule.findings
     ]
     plot = None
     if opts.keep_plot_points:
@@ -299,8 +316,8 @@ def triage_file(
             since = np.array([s[0] for s in tr.switches])
             codes = np.array([CODE[s[2]] for s in tr.switches], dtype=np.int8)
             idx = np.searchsorted(since, t, side="right") - 1
-            state = codes[np.clip(idx, 0, None)] if len(codes) else np.zeros(len(t), np.int8)
-            plot.append((t, p, state, u))
+            state_codes = codes[np.clip(idx, 0, None)] if len(codes) else np.zeros(len(t), np.int8)
+            plot.append((t, p, state_codes, u))
     return TriageResult(
         file=path,
         model=model,
@@ -317,4 +334,26 @@ def triage_file(
         warnings=list(reader.warnings),
         start_time=t0,
         plot=plot,
+        waits=rule.waits,
+        cadences=rule.cadences,
+        bursts=bursts,
+    )
+
+
+def _check_snapshots(path: str, header: RecordingHeader, rows: int, columns: tuple[str, ...] | None) -> None:
+    """Without an index (or uuid) column a row's GPU is its position in the snapshot, so a caller's
+    --gpus must divide the rows: otherwise every "GPU" would be a mix of real ones."""
+    gpus = header.gpus
+    positional = not header.has_index and not {"uuid", "pci.bus_id"} & set(header.columns)
+    if header.gpus_from != "caller" or not positional or gpus <= 1 or rows % gpus == 0:
+        return
+    try:
+        hint = f" (its timestamps or readings suggest {_reader(path, None, 1 << 20, columns).header.gpus})"
+    except (RecordingError, TriageInputError):
+        hint = ""
+    raise TriageInputError(
+        f"{path}: --gpus {gpus} does not divide its {rows:,} data rows ({rows:,} = {gpus} x "
+        f"{rows // gpus:,} + {rows % gpus}): without an index column every snapshot is one row per GPU, so "
+        f"the recording has another GPU count{hint}, or its last snapshot was cut short (then remove "
+        f"its last {rows % gpus} row(s))"
     )

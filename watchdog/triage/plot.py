@@ -74,6 +74,8 @@ def figure(result: TriageResult, *, max_panels: int = 16):
         ax.axhline(spin_w, color=COLOURS[GpuState.CHECKPOINT_OR_DEADLOCK], lw=0.6, ls="--")
         util_ax.plot(x, u * 100.0, color="#424242", lw=0.6, rasterized=True)
         for v in result.verdicts:
+            if g not in v["gpus"]:
+                continue
             end = v["ended_s"] if v["ended_s"] is not None else result.duration_s
             for a in (ax, util_ax):
                 a.axvspan(clock(v["onset_s"]), clock(end), color="#c62828", alpha=0.12)
@@ -92,7 +94,7 @@ def figure(result: TriageResult, *, max_panels: int = 16):
     )
     title = f"{Path(result.file).name}: {result.gpus} x {result.model}, limit {lim:.0f} W"
     if result.verdicts:
-        title += f" - DEADLOCK detected at {result.verdicts[0]['detected_s']:.0f} s"
+        title += f" - suspected deadlock (rule fired at {result.verdicts[0]['detected_s']:.0f} s)"
     fig.suptitle(title, fontsize=10)
     handles = [Line2D([], [], marker="o", ls="", color=COLOURS[s], label=str(s)) for s in GPU_STATES]
     handles += [

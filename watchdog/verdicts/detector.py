@@ -28,13 +28,20 @@ a hang from two independent signals with nothing speaking against it:
   the odd GPUs are named;
 - **K4 power only** (no progress files): every job GPU in the spin band for ``power_only_after_s``,
   no writes - kill-worthy only with ``power_only_can_kill = true``; by default it is ``stalled``:
-  a save whose writer is on another node looks exactly the same (the multi-node blind spot).
+  a save whose writer is on another node looks exactly the same (the multi-node blind spot);
+- **K6 stacks** (py-spy): every rank of the world frozen in a collective, or *split* - some ranks
+  waiting in a collective inside a save or an eval while all others are frozen inside a training step
+  (the reference failure: rank 0 in ``save_checkpoint``'s barrier, rank 1 in its step's
+  reduce-scatter) - plus a second signal (frozen steps, the spin band, RAS counts, ranks asleep).
 
 Evidence against a hang vetoes the hung class: writes, ranks in D-state (storage), a stopped rank
-(``suspended``), GPUs in the compute or communication band. Everything else that lacks progress is
-alert-worthy at most: ``stalled`` (no progress past the budget, no proof), ``slow`` (past the budget
-but the GPUs work, or a lease overran while they compute), ``stalled_checkpoint``, ``data_starvation``,
-``suspended``, ``telemetry_lost``.
+(``suspended``), GPUs in the compute or communication band (for K6 only a computing GPU).
+Everything else that lacks progress is alert-worthy at most: ``stalled`` (no progress past the
+budget, no proof), ``slow`` (past the budget but every busy GPU computes, or a lease overran while
+they compute - for at most ``slow_max_budgets`` stall budgets, and never while most GPUs spin or none
+computes: then ``stalled``), ``stalled_checkpoint``, ``data_starvation``, ``suspended``,
+``telemetry_lost``, and ``cannot_judge`` (no progress files and nothing else here that could show
+progress or a hang, or GPUs held idle).
 
 **Time from the right moment**: a rank's frozen time starts at its last step change *or* its return to
 ``train``, whichever is later, so time spent under a lease never counts. The first step after a start
@@ -43,6 +50,7 @@ or a lease has its own budget, learned from this job's first steps (:mod:`gpu_tr
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,8 +59,10 @@ from typing import Any
 from gpu_triage.model.findings import Finding, Signal, Stance, context, hang, progress
 from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import GpuState, Verdict
+from gpu_triage.signals.fleet.fusion import FleetEvidence, FleetState, FusionConfig, fuse
+from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.nccl_ras.evidence import RasFacts
-from gpu_triage.signals.stacks.dumps import StackSummary
+from gpu_triage.signals.stacks.dumps import AVAILABLE, StackSummary
 from gpu_triage.signals.stacks.evidence import (
     StackEvidenceConfig,
     StackFacts,
@@ -103,12 +113,27 @@ class DetectorConfig:
     """How fast the learned step interval comes down (it goes up at once)."""
     cpu_contention_ratio: float = 0.9
     """A starving rank using this share of a core is CPU-bound (cause cpu_contention)."""
+    slow_max_budgets: float = 10.0
+    """``slow`` (frozen steps while every job GPU computes) for this many stall budgets is ``stalled``:
+    frozen steps for that long are not slowness, whatever the GPUs draw."""
+    idle_held_after_s: float = 300.0
+    """No progress files: every job GPU idle (memory held) this long with its ranks alive is
+    ``cannot_judge`` (a hung data loader and a process idling on purpose look the same)."""
     stacks_frozen_s: float = 20.0
     """Stack evidence ([stacks] in the config file): a rank's stack unchanged this long is frozen."""
     stacks_min_samples: int = 4
     stacks_fresh_s: float = 30.0
     stacks_checkpoint_max_s: float = 1800.0
     stacks_asleep_cpu_ratio: float = 0.3
+    fleet_node: str = "this node"
+    """This node's name ([daemon] node): how its ranks are named among the world's (signals.fleet)."""
+    fleet_stale_after_s: float = 15.0
+    """Other nodes' facts older than this are unknown ([cluster] stale_after_s)."""
+
+    def fusion(self) -> FusionConfig:
+        return FusionConfig(
+            stale_after_s=self.fleet_stale_after_s, frozen_s=self.stacks_frozen_s, fresh_s=self.stacks_fresh_s
+        )
 
     def stacks(self) -> StackEvidenceConfig:
         return StackEvidenceConfig(
@@ -194,6 +219,9 @@ class JobView:
     """The ranks' latest Python stacks (the stack sampler), None when none was taken."""
     ras: RasFacts | None = None
     """What NCCL's RAS service said about the job's communicators (None: not polled, not found)."""
+    remote: RemoteFacts | None = None
+    """Other nodes' facts about the job from Prometheus (``[cluster]``; None: not configured, or
+    every rank of the world is on this node). Only completes or vetoes this node's evidence."""
 
 
 @dataclass
@@ -219,6 +247,13 @@ class _JobMemory:
     asymmetric_since: float | None = None
     working_since: float | None = None
     excused_at: float | None = None
+    no_compute_since: float | None = None
+    """No progress files: since when every job GPU has been working or waiting without one of them
+    computing (the spin sitting on the communication band's edge)."""
+    idle_since: float | None = None
+    """Since when every job GPU has been idle (memory held) while the ranks live."""
+    blind_since: float | None = None
+    """Since when nothing here could show the job's progress or hang (``cannot_judge``)."""
     asleep_since: float | None = None
     """Since when every rank's host CPU has been idle (stack evidence)."""
     save_seen_at: float | None = None
@@ -264,6 +299,7 @@ class _Facts:
     unseen: int
     nvlink_frozen: float | None
     stacks: StackFacts | None = None
+    fleet: FleetEvidence | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +322,52 @@ class Detector:
 
     def forget(self, job: str) -> None:
         self._jobs.pop(job, None)
+
+    def export(self) -> dict[str, dict[str, Any]]:
+        """What a restarted daemon needs to continue each job's episode (:meth:`restore`): the verdict
+        in force, its onset and raise time, since when the hang evidence has held, the learned step
+        interval. JSON values; times on the caller's timeline."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, mem in self._jobs.items():
+            if mem.raised is None:
+                continue
+            out[name] = {
+                "verdict": str(mem.verdict),
+                "onset": mem.onset,
+                "raised": mem.raised,
+                "hang_since": mem.hang_since,
+                "stopped_since": mem.stopped_since,
+                "interval_s": mem.timing.estimate_s,
+                "intervals_seen": mem.timing.intervals_seen,
+                "first_steps": {str(k): list(v) for k, v in mem.timing.first_steps.items()},
+            }
+        return out
+
+    def restore(self, saved: Any) -> int:
+        """Seed job memories from :meth:`export` of an earlier detector (a restarted daemon). A restored
+        job continues where it was: a suspicion keeps its clock toward confirmation, a confirmed hang
+        stays confirmed while the evidence holds, the onset does not move. Malformed entries are
+        skipped. Returns how many jobs were restored."""
+        count = 0
+        for name, e in saved.items() if isinstance(saved, dict) else ():
+            try:
+                mem = _JobMemory(StepTiming(self.config.timing()))
+                mem.verdict = Verdict(e["verdict"])
+                mem.onset = _opt_time(e.get("onset"))
+                mem.raised = _opt_time(e.get("raised"))
+                mem.hang_since = _opt_time(e.get("hang_since"))
+                mem.stopped_since = _opt_time(e.get("stopped_since"))
+                estimate = _opt_time(e.get("interval_s"))
+                mem.timing.estimate_s = estimate if estimate is None or estimate > 0 else None
+                mem.timing.intervals_seen = int(e.get("intervals_seen") or 0)
+                for kind, values in dict(e.get("first_steps") or {}).items():
+                    for v in list(values)[-8:]:
+                        mem.timing.observe_first_step(FirstStep(kind), float(v))
+            except (KeyError, TypeError, ValueError):
+                continue
+            self._jobs[str(name)] = mem
+            count += 1
+        return count
 
     def update(
         self, now: float, gpus: Sequence[GpuView], jobs: Sequence[JobView], telemetry_ok: bool = True
@@ -351,6 +433,10 @@ class Detector:
         self._learn(now, job, mem)
         facts = self._facts(now, job, mem, by_gpu, telemetry_ok, inferred)
         findings = self._findings(now, job, facts, mem)
+        if not self._blind_reasons(job, facts):
+            mem.blind_since = None
+        elif mem.blind_since is None:
+            mem.blind_since = now
         decision = self._decide(now, job, mem, facts)
         if decision.verdict is not mem.verdict:
             mem.verdict, mem.onset, mem.raised = decision.verdict, decision.onset, now
@@ -422,8 +508,10 @@ class Detector:
         frozen_s = max(0.0, now - frozen_since) if frozen_since is not None else 0.0
         firsts = [k for k in (r.first_step() for r in train) if k is not None]
         first = (FirstStep.AFTER_START if FirstStep.AFTER_START in firsts else firsts[0]) if firsts else None
+        self._learn_idle(now, job, mem, job_gpus, usable and not gpus_inferred)
         visible = len({r.rank for r in job.ranks if r.step is not None})
         unseen = max(0, (job.world_size or 0) - visible) if job.has_progress else 0
+        stacks, fleet = self._fleet(now, job, self._stack_facts(now, job, mem))
         return _Facts(
             job_gpus=job_gpus,
             gpus_inferred=gpus_inferred,
@@ -452,14 +540,36 @@ class Detector:
             interval_s=mem.timing.interval_s(),
             unseen=unseen,
             nvlink_frozen=self._nvlink_frozen_since(job_gpus, mem),
-            stacks=self._stack_facts(now, job, mem),
+            stacks=stacks,
+            fleet=fleet,
         )
+
+    def _fleet(
+        self, now: float, job: JobView, sf: StackFacts | None
+    ) -> tuple[StackFacts | None, FleetEvidence | None]:
+        """Other nodes' facts (gpu_triage.signals.fleet.fusion): a complete world completes this node's stack
+        facts (the world's odd ranks named); never anything else here."""
+        if job.remote is None:
+            return sf, None
+        world = job.world_size if job.world_size is not None else (sf.world_size if sf is not None else None)
+        fleet = fuse(
+            now,
+            own_node=self.config.fleet_node,
+            world_size=world,
+            local_ranks=sorted({r.rank for r in job.ranks if r.alive is not False}),
+            local_stacks=sf,
+            remote=job.remote,
+            cfg=self.config.fusion(),
+        )
+        if fleet.stacks_complete and sf is not None:
+            sf = dataclasses.replace(sf, complete=True, odd=fleet.odd_ranks())
+        return sf, fleet
 
     def _stack_facts(self, now: float, job: JobView, mem: _JobMemory) -> StackFacts | None:
         alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
         sf = stack_facts(now, job.stacks, alive, job.world_size, self.config.stacks(), mem.asleep_since)
         mem.asleep_since = sf.asleep_since if sf is not None else None
-        if sf is not None and sf.in_save:
+        if sf is not None and sf.in_save and not sf.split:
             mem.save_seen_at = now
         return sf
 
@@ -511,17 +621,23 @@ class Detector:
         mem.hang_since = None
         return self._not_hung(now, job, mem, f)
 
-    def _vetoed(self, f: _Facts, *, asymmetric: bool = False) -> str | None:
+    def _vetoed(self, f: _Facts, *, asymmetric: bool = False, stacks: bool = False) -> str | None:
         """Evidence against a hang. For the asymmetric signature the odd GPUs may compute (a busy loop)
-        but a rank reading (loading data) explains them instead."""
+        but a rank reading (loading data) explains them instead. For stack evidence (K6) only a GPU
+        that computes speaks against a hang: a GPU in the communication band while every rank's stack
+        sits frozen in a collective is a spin whose power is on the band's edge."""
         if f.writing:
             return "the job's ranks are writing"
-        if f.stacks is not None and f.stacks.in_save:
+        if f.fleet is not None and f.fleet.veto:
+            return f"another node: {f.fleet.veto}"
+        if f.stacks is not None and f.stacks.in_save and not f.stacks.split:
             return "a rank's stack is inside a checkpoint save"
         if f.dstate:
             return "ranks in D-state (storage)"
         if asymmetric:
             return "ranks are reading (loading)" if f.reading else None
+        if stacks and not any(g.state is GpuState.COMPUTE for g in f.working):
+            return None
         if f.working:
             return "GPUs in the compute or communication band"
         return None
@@ -560,9 +676,15 @@ class Detector:
             assert f.frozen_since is not None and f.spin_since is not None
             remote = f.unseen > 0
             provable = not remote or (job.lease_scope == "job" and f.first is None)
-            if provable and f.frozen_s >= self._fast_budget_s(f, mem.timing, remote=remote):
+            frozen_s = f.frozen_s
+            completed = remote and not provable and self._remote_steps_frozen(now, f)
+            if completed:  # every other node's rank frozen and spinning too (gpu_triage.signals.fleet)
+                assert f.fleet is not None and f.fleet.remote_frozen_since is not None
+                frozen_s = min(frozen_s, now - f.fleet.remote_frozen_since)
+            if (provable or completed) and frozen_s >= self._fast_budget_s(f, mem.timing, remote=remote):
                 onset = min(f.frozen_since, f.spin_since)
-                return onset, [str(Signal.STEPS_FROZEN), str(Signal.SPIN_BAND), str(Signal.NO_WRITES)]
+                signals = [str(Signal.STEPS_FROZEN), str(Signal.SPIN_BAND), str(Signal.NO_WRITES)]
+                return onset, signals + ([str(Signal.REMOTE_COMPLETE)] if completed else [])
         # K5: frozen steps + the asymmetric split, naming the odd GPUs
         if frozen and asym:
             assert f.frozen_since is not None and f.majority_since is not None
@@ -586,7 +708,7 @@ class Detector:
                 return lease_end, [str(Signal.LEASE_EXPIRED), str(band), str(Signal.NO_WRITES)]
         # K6: every rank's stack frozen in a collective (the odd ones named) + a second signal:
         # frozen steps, the spin band, or every rank asleep on the host
-        k6 = self._stacks_hung(now, job, mem, f, full_veto, spun)
+        k6 = self._stacks_hung(now, job, mem, f, self._vetoed(f, stacks=True), spun)
         if k6 is not None:
             return k6
         # K4: power alone, no progress files (kill-worthy only when configured)
@@ -601,18 +723,35 @@ class Detector:
             return f.spin_since, [str(Signal.SPIN_BAND), str(Signal.NO_WRITES), str(Signal.NO_PROGRESS_FILES)]
         return None
 
+    def _remote_steps_frozen(self, now: float, f: _Facts) -> bool:
+        fl = f.fleet
+        return (
+            fl is not None
+            and fl.state is FleetState.COMPLETE
+            and f.first is None
+            and fl.remote_frozen_since is not None
+            and fl.remote_spin_since is not None
+            and now - fl.remote_spin_since >= self.config.spin_min_s
+        )
+
     def _stacks_hung(
         self, now: float, job: JobView, mem: _JobMemory, f: _Facts, veto: str | None, spun: bool
     ) -> tuple[float, list[str]] | None:
         sf = f.stacks
-        if sf is None or not sf.provable() or veto is not None or sf.frozen_since is None:
+        since = sf.hung_since() if sf is not None else None
+        if sf is None or not sf.provable() or veto is not None or since is None:
             return None
         if any(r.alive is False for r in job.ranks):
             return None
-        signals = [str(Signal.STACKS_FROZEN)]
-        if sf.pattern.different:
-            signals.append(str(Signal.STACKS_DIVERGED))
-        onset = sf.frozen_since
+        if sf.frozen:
+            signals = [str(Signal.STACKS_FROZEN)]
+            if sf.pattern.different or sf.odd:
+                signals.append(str(Signal.STACKS_DIVERGED))
+        else:  # K6 split: some ranks in a save's or an eval's collective, the others frozen in a step
+            signals = [str(Signal.STACKS_PHASE_SPLIT)]
+        if f.fleet is not None and f.fleet.stacks_complete:
+            signals.append(str(Signal.REMOTE_COMPLETE))
+        onset = since
         if job.has_progress:
             if not (f.train and f.frozen_since is not None):
                 return None
@@ -640,6 +779,20 @@ class Detector:
         sf = f.stacks
         if sf is None:
             return None
+        if sf.split and sf.split_since is not None and self._vetoed(f) is None:
+            split_why = (
+                "stacks of only some ranks of the world: the rest may be elsewhere in the phase"
+                if not sf.complete
+                else "stacks split between a phase and a training step, but no second signal yet "
+                "(steps, spin band, ranks asleep)"
+            )
+            return _Decision(
+                Verdict.STALLED,
+                self._keep_onset(mem, Verdict.STALLED, sf.split_since),
+                ("stacks_split:" + where(sf))[:300],
+                (str(Signal.STACKS_PHASE_SPLIT),),
+                why_not=split_why,
+            )
         if sf.in_save and sf.save_since is not None:
             held = now - sf.save_since
             if held >= self.config.stacks_checkpoint_max_s:
@@ -712,7 +865,7 @@ class Detector:
             if steps and f.working and f.working_since is not None and now - f.working_since < cfg.fast_min_s:
                 return _Decision(Verdict.HEALTHY, None, None, (str(Signal.GPUS_WORKING),))
             if steps and (f.working or (f.reading and not f.dstate)):
-                verdict, cause = Verdict.SLOW, ("gpus_working" if f.working else "reading") + f":{cause}"
+                verdict, cause = self._slow_or_stalled(now, f, mem, cause)
             else:
                 verdict = Verdict.STALLED
                 if f.dstate:
@@ -730,8 +883,75 @@ class Detector:
                 None,
                 (f"gpu_reads_failing:{','.join(map(str, f.lost))}",),
             )
+        blind = self._cannot_judge(now, job, mem, f)
+        if blind is not None:
+            return blind
         signals = (str(Signal.STEPS_ADVANCING),) if f.train and f.frozen_s < 2 * f.interval_s else ()
         return _Decision(Verdict.HEALTHY, None, None, signals)
+
+    @staticmethod
+    def _blind_reasons(job: JobView, f: _Facts) -> list[str]:
+        """Why nothing here could show this job's progress or hang (empty: something could)."""
+        if job.has_progress or any(r.alive is False for r in job.ranks):
+            return []
+        # a working sampler will dump the ranks (stale stacks are pending ones, not blindness)
+        if f.stacks is not None and f.stacks.summary.sampler == AVAILABLE:
+            return []
+        if f.usable:
+            return []
+        if f.unmapped and not f.gpus_inferred:
+            return ["no rank is tied to a GPU (a container without host PIDs?)"]
+        return ["no GPU telemetry" if not f.job_gpus else "its GPUs cannot be read"]
+
+    def _cannot_judge(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision | None:
+        """A job that shows no progress and no hang, where the watchdog has nothing that could show
+        either: ``cannot_judge``, with what it cannot judge and why (never ``healthy``). Only for jobs
+        without progress files: steps are a judge of their own."""
+        if job.has_progress:
+            return None
+        reasons = self._blind_reasons(job, f)
+        # a grace of one stack freshness window: the sampler's first dumps of a new job may be pending
+        if reasons and mem.blind_since is not None and now - mem.blind_since >= self.config.stacks_fresh_s:
+            why = f.stacks.summary.sampler if f.stacks is not None else "none taken"
+            reasons.append(f"no stacks ({why})")
+            reasons.insert(0, "no progress files")
+            return _Decision(
+                Verdict.CANNOT_JUDGE,
+                self._keep_onset(mem, Verdict.CANNOT_JUDGE, mem.blind_since),
+                "no_signals: " + "; ".join(reasons),
+                ("cannot_judge:progress_and_hang",),
+                why_not="nothing here can show progress or a hang",
+            )
+        if mem.idle_since is not None and now - mem.idle_since >= self.config.idle_held_after_s:
+            held = self.config.idle_held_after_s
+            return _Decision(
+                Verdict.CANNOT_JUDGE,
+                self._keep_onset(mem, Verdict.CANNOT_JUDGE, mem.idle_since),
+                f"gpus_held_idle: no progress files; every job GPU idle with memory held for over "
+                f"{held:.0f} s while its ranks live: a hung data loader and a process idling on purpose "
+                "look the same",
+                ("cannot_judge:progress", "gpus_held_idle"),
+                why_not="idle GPUs are no evidence of a hang",
+            )
+        return None
+
+    def _slow_or_stalled(self, now: float, f: _Facts, mem: _JobMemory, cause: str) -> tuple[Verdict, str]:
+        """Frozen steps past the budget while some job GPU is busy: ``slow`` only while the GPUs do
+        work that explains it. Not slowness (``stalled``, alert only): the busy GPUs are a minority
+        while the rest spin (a busy loop on one rank), none computes (every "working" GPU in the
+        communication band: a spin on the band's edge), or the freeze outlasted ``slow_max_budgets``
+        stall budgets."""
+        if not f.working:
+            return Verdict.SLOW, f"reading:{cause}"
+        computing = [g for g in f.working if g.state is GpuState.COMPUTE]
+        if not computing:
+            return Verdict.STALLED, f"communication_band_only:{cause}"
+        if f.majority_since is not None and not f.dstate and not f.reading:
+            gpus = ",".join(str(g.gpu) for g in f.job_gpus if g.state is not GpuState.CHECKPOINT_OR_DEADLOCK)
+            return Verdict.STALLED, f"asymmetric:gpu {gpus}"
+        if f.frozen_s >= self.config.slow_max_budgets * self._stall_budget_s(f, mem.timing):
+            return Verdict.STALLED, f"slow_too_long:{cause}"
+        return Verdict.SLOW, f"gpus_working:{cause}"
 
     def _stall(
         self, now: float, job: JobView, mem: _JobMemory, f: _Facts
@@ -767,6 +987,10 @@ class Detector:
         spin_since = max(f.spin_since or 0.0, mem.save_seen_at or 0.0) if f.spin_since is not None else None
         if f.spin_all and spin_since is not None and now - spin_since >= cfg.power_only_after_s:
             return spin_since, "spin_band_without_progress_files", [str(Signal.SPIN_BAND)], False
+        # the spin on the communication band's edge: every job GPU waits or "communicates", none
+        # computes, for power_only_after_s (training computes every step)
+        if mem.no_compute_since is not None and now - mem.no_compute_since >= cfg.power_only_after_s:
+            return mem.no_compute_since, "communication_band_without_compute", [str(Signal.SPIN_BAND)], False
         # asymmetric: most job GPUs spin while the rest do something else (a busy loop, or idle)
         odd = [g for g in f.job_gpus if g.state is not GpuState.CHECKPOINT_OR_DEADLOCK]
         if len(f.job_gpus) >= 2 and f.waiting and 0 < len(odd) * 2 < len(f.job_gpus):
@@ -881,6 +1105,7 @@ class Detector:
         for u in job.untrusted:
             out.append(context(Signal.UNTRUSTED_PROGRESS_FILE, str(u.get("reason", "")), since=None))
         out.extend(stack_findings(now, f.stacks, self.config.stacks()))
+        out.extend(_fleet_findings(f.fleet))
         ras = job.ras
         if ras is not None and ras.counts_frozen_since is not None:
             detail = "NCCL RAS: no collective launched on the job's communicators between polls"
@@ -923,6 +1148,9 @@ class Detector:
             "findings": [x.to_dict() for x in findings],
             "against": sorted({str(x.signal) for x in findings if x.stance is Stance.PROGRESS}),
         }
+        evidence["cannot_judge"] = self._limits(job, f)
+        if f.unmapped and not f.gpus_inferred:
+            evidence["gpus_unknown"] = True
         if d.why_not and not d.kill_worthy:
             evidence["not_kill_worthy_because"] = d.why_not
         if d.cause:
@@ -934,7 +1162,37 @@ class Detector:
         if f.stacks is not None:
             evidence["stacks"] = f.stacks.to_dict()
             evidence["stacks_where"] = where(f.stacks)
+        if f.fleet is not None:
+            evidence["fleet"] = f.fleet.to_dict()
         return evidence
+
+    @staticmethod
+    def _limits(job: JobView, f: _Facts) -> list[dict[str, str]]:
+        """What this node cannot judge about the job, and why (empty: every signal is there)."""
+        out = []
+        if not job.has_progress:
+            out.append({"what": "steps", "why": "no progress files (no integration)"})
+        if f.unmapped and not f.gpus_inferred:
+            out.append(
+                {
+                    "what": "power",
+                    "why": "no rank is tied to a GPU: the job's GPUs are unknown (a container "
+                    "without host PIDs?)",
+                }
+            )
+        elif f.gpus_inferred:
+            out.append(
+                {"what": "power", "why": "no rank is tied to a GPU: the node's GPUs stand in (context)"}
+            )
+        elif not f.job_gpus:
+            out.append({"what": "power", "why": "no GPU telemetry"})
+        elif not f.usable:
+            out.append({"what": "power", "why": "the job's GPUs cannot be read"})
+        sf = f.stacks
+        if sf is None or not sf.pattern.sampled:
+            why = sf.summary.sampler if sf is not None and sf.summary.sampler != "available" else "none taken"
+            out.append({"what": "stacks", "why": f"no fresh stack ({why})"})
+        return out
 
     @staticmethod
     def _keep_onset(mem: _JobMemory, verdict: Verdict, onset: float | None) -> float | None:
@@ -984,6 +1242,24 @@ class Detector:
                 q.popleft()
 
     @staticmethod
+    def _learn_idle(now: float, job: JobView, mem: _JobMemory, gpus: list[GpuView], mapped_ok: bool) -> None:
+        """Since when the job's GPUs have been idle (memory held) / busy without computing."""
+        alive = bool(job.ranks) and all(r.alive is not False for r in job.ranks)
+        ok = mapped_ok and alive and bool(gpus) and all(g.util_known for g in gpus)
+        states = {g.state for g in gpus}
+        waiting_only = ok and states <= {GpuState.COMMUNICATION, GpuState.CHECKPOINT_OR_DEADLOCK}
+        waiting_only = waiting_only and GpuState.COMMUNICATION in states
+        if not waiting_only:
+            mem.no_compute_since = None
+        elif mem.no_compute_since is None:
+            mem.no_compute_since = max((now if g.since is None else g.since) for g in gpus)
+        idle = mapped_ok and alive and bool(gpus) and states == {GpuState.IDLE}
+        if not idle:
+            mem.idle_since = None
+        elif mem.idle_since is None:
+            mem.idle_since = max((now if g.since is None else g.since) for g in gpus)
+
+    @staticmethod
     def _working_since(now: float, mem: _JobMemory, working: list[GpuView]) -> float | None:
         if not working:
             mem.working_since = None
@@ -1012,6 +1288,30 @@ class Detector:
 
 
 __all__ = ["Detector", "DetectorConfig", "GpuView", "JobView", "RankView"]
+
+
+def _opt_time(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"not a time: {value!r}")
+    return float(value)
+
+
+def _fleet_findings(fl: FleetEvidence | None) -> list[Finding]:
+    if fl is None:
+        return []
+    if fl.state is FleetState.VETO:
+        return [progress(Signal.REMOTE_VETO, fl.reason)]
+    if fl.state is FleetState.UNKNOWN:
+        return [context(Signal.REMOTE_UNKNOWN, f"{fl.reason}: this node's own judgment only")]
+    if fl.stacks_complete:
+        odd = f"; odd: {fl.named_odd()}" if fl.odd else ""
+        detail = f"every rank of the world frozen, on {len(fl.nodes) + 1} nodes{odd}"
+        return [hang(Signal.REMOTE_COMPLETE, detail, fl.frozen_since, ranks=fl.odd_ranks())]
+    if fl.state is FleetState.COMPLETE:
+        return [hang(Signal.REMOTE_COMPLETE, fl.reason, fl.remote_frozen_since)]
+    return [context(Signal.REMOTE_UNKNOWN, fl.reason)]
 
 
 def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:

@@ -89,11 +89,16 @@ class StackInfo:
     thread: str
     top: tuple[str, ...]
     """The innermost frames of the chosen thread, short form (at most 8)."""
+    collective: str | None = None
+    """The collective the thread blocks in, whatever its phase: for a rank in a save or an eval,
+    a collective *inside* that save or eval (the ranks that do not write wait in the save's barrier;
+    an eval gathers its losses)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "phase": str(self.phase),
             "op": self.op,
+            "collective": self.collective,
             "call_site": self.call_site,
             "thread": self.thread,
             "fingerprint": self.fingerprint,
@@ -348,6 +353,8 @@ def _classify_thread(t: ThreadStack) -> StackInfo:
         phase, site_from = StackPhase.FORWARD, i
     else:
         phase = StackPhase.OTHER
+    # the collective the thread waits in, when it lies inside the phase's own frames (innermost first)
+    collective = coll[1] if coll is not None and coll[0] <= site_from else None
     return StackInfo(
         phase=phase,
         op=op,
@@ -355,6 +362,7 @@ def _classify_thread(t: ThreadStack) -> StackInfo:
         fingerprint=fingerprint(frames),
         thread=t.thread_name,
         top=tuple(f.short() for f in frames[:8]),
+        collective=collective,
     )
 
 
@@ -446,10 +454,21 @@ class StackPattern:
     frozen_since: float | None
     """Since when every sampled rank has shown its current stack (max of the ranks' same_since)."""
     save_since: float | None
+    in_phase_collective: tuple[int, ...] = ()
+    """Ranks inside a save or an eval, waiting in a collective there (not writing, not computing)."""
+    in_step: tuple[int, ...] = ()
+    """Ranks inside a training step: in a collective outside any save or eval, or in forward,
+    backward or the optimizer step (DDP's gradient all-reduce waits in C++ under ``backward``)."""
 
     @property
     def different(self) -> bool:
         return len(self.groups) > 1
+
+
+STEP_PHASES = frozenset(
+    {StackPhase.COLLECTIVE, StackPhase.FORWARD, StackPhase.BACKWARD, StackPhase.OPTIMIZER}
+)
+"""Where a rank inside a training step is (outside any save, eval or data wait)."""
 
 
 def group_key(info: StackInfo) -> str:
@@ -478,6 +497,12 @@ def stack_pattern(
     all_frozen = bool(fresh) and len(in_coll) == len(fresh) and len(frozen) == len(fresh)
     frozen_since = max((s.same_since for s in fresh.values()), default=None) if fresh else None
     save_since = min((fresh[r].same_since for r in in_save), default=None)
+    in_phase_coll = tuple(
+        r
+        for r, s in fresh.items()
+        if s.info.phase in (StackPhase.CHECKPOINT, StackPhase.EVAL) and s.info.collective is not None
+    )
+    in_step = tuple(r for r, p in phase.items() if p in STEP_PHASES)
     return StackPattern(
         sampled=tuple(fresh),
         in_save=in_save,
@@ -489,6 +514,8 @@ def stack_pattern(
         all_frozen_in_collective=all_frozen,
         frozen_since=frozen_since,
         save_since=save_since,
+        in_phase_collective=in_phase_coll,
+        in_step=in_step,
     )
 
 
@@ -519,6 +546,7 @@ def describe(ranks: Mapping[int, RankStack]) -> str:
 
 
 __all__ = [
+    "STEP_PHASES",
     "Frame",
     "RankStack",
     "StackError",

@@ -13,6 +13,12 @@ not changed; this module turns a job's :class:`~gpu_triage.signals.stacks.dumps.
 - **in a save**: a rank's stack is inside a checkpoint save: the job is checkpointing (never a
   hang), until ``checkpoint_max_s`` (then ``stalled_checkpoint``, still never a kill).
 - **in eval**: explains the other ranks' wait like an eval lease.
+- **split between a phase and a step** (the reference failure): some ranks wait in a collective
+  *inside* a save or an eval (none of them writing or computing), every other rank is inside a
+  training step (in its collective, or in forward/backward/the optimizer step), and every stack is
+  frozen. A save in which every rank sits is a save; a save that some ranks entered while the others
+  are still frozen in their step is the epoch-end deadlock of uneven shards: the save's collective
+  and the step's collective can never match. ``split_ranks`` names the ranks in the phase.
 
 A frozen stack can also be a healthy job sampled at the same line each time (a job that spends
 most of its step in one all-reduce). The detector therefore never kills on stacks alone: a second,
@@ -65,9 +71,18 @@ class StackFacts:
     odd: tuple[int, ...]
     asleep_since: float | None
     """Since when every rank's host CPU has stayed below ``asleep_cpu_ratio`` (None: not asleep)."""
+    split: bool = False
+    """Every sampled rank frozen, some in a collective inside a save or an eval (``split_ranks``),
+    all the others inside a training step (``step_ranks``)."""
+    split_ranks: tuple[int, ...] = ()
+    step_ranks: tuple[int, ...] = ()
+    split_since: float | None = None
 
     def provable(self) -> bool:
-        return self.frozen and self.complete
+        return (self.frozen or self.split) and self.complete
+
+    def hung_since(self) -> float | None:
+        return self.frozen_since if self.frozen else self.split_since
 
     def to_dict(self) -> dict[str, object]:
         p = self.pattern
@@ -82,6 +97,9 @@ class StackFacts:
             "complete": self.complete,
             "unsampled_ranks": list(self.unsampled),
             "asleep_since": self.asleep_since,
+            "split": self.split,
+            "split_ranks": list(self.split_ranks),
+            "step_ranks": list(self.step_ranks),
         }
 
 
@@ -107,6 +125,14 @@ def stack_facts(
     enough = all(s.samples >= cfg.min_samples and s.frozen_s() >= cfg.frozen_s for s in fresh.values())
     waiting = len(p.in_collective) * 2 >= len(fresh) and bool(p.in_collective)
     frozen = bool(fresh) and enough and waiting and not p.in_save and not p.in_eval
+    phase_ranks, step_ranks = set(p.in_phase_collective), set(p.in_step)
+    split = (
+        bool(fresh)
+        and enough
+        and bool(phase_ranks)
+        and bool(step_ranks)
+        and phase_ranks | step_ranks == set(fresh)
+    )
     ratios = [c for _, c in ranks]
     if ranks and all(c is not None and c <= cfg.asleep_cpu_ratio for c in ratios):
         asleep = asleep_since if asleep_since is not None else now
@@ -125,6 +151,10 @@ def stack_facts(
         in_eval=p.in_eval,
         odd=p.odd if frozen else (),
         asleep_since=asleep,
+        split=split,
+        split_ranks=tuple(sorted(phase_ranks)) if split else (),
+        step_ranks=tuple(sorted(step_ranks)) if split else (),
+        split_since=p.frozen_since if split else None,
     )
 
 
@@ -174,10 +204,27 @@ def stack_findings(now: float, sf: StackFacts | None, cfg: StackEvidenceConfig) 
         if not sf.complete:
             missing = f"{len(sf.pattern.sampled)} of {sf.world_size if sf.world_size is not None else '?'}"
             out.append(context(Signal.NO_STACKS, f"stacks of {missing} ranks: others may be saving unseen"))
+    if sf.split:
+        phases = sorted({str(sf.summary.ranks[r].info.phase) for r in sf.split_ranks})
+        out.append(
+            hang(
+                Signal.STACKS_PHASE_SPLIT,
+                f"ranks {_ranks(sf.split_ranks)} wait in a collective inside {'/'.join(phases)} while "
+                f"ranks {_ranks(sf.step_ranks)} are frozen inside a training step, every stack unchanged "
+                f"for >= {cfg.frozen_s:.0f} s: {where(sf)}",
+                sf.split_since,
+                ranks=sf.split_ranks,
+            )
+        )
+        if asleep_long_enough(sf, now, cfg):
+            out.append(hang(Signal.RANKS_ASLEEP, "every rank's host CPU idle", sf.asleep_since))
+        if not sf.complete:
+            missing = f"{len(sf.pattern.sampled)} of {sf.world_size if sf.world_size is not None else '?'}"
+            out.append(context(Signal.NO_STACKS, f"stacks of {missing} ranks: not every rank seen"))
     if sf.in_save:
         sites = {group_key(sf.summary.ranks[r].info) for r in sf.in_save}
         out.append(
-            progress(
+            (context if sf.split else progress)(
                 Signal.STACK_IN_SAVE,
                 "inside a checkpoint save: " + "; ".join(sorted(sites)),
                 sf.save_since,
@@ -185,10 +232,14 @@ def stack_findings(now: float, sf: StackFacts | None, cfg: StackEvidenceConfig) 
             )
         )
     if sf.in_eval:
-        out.append(progress(Signal.STACK_IN_EVAL, "inside eval", ranks=sf.in_eval))
+        out.append((context if sf.split else progress)(Signal.STACK_IN_EVAL, "inside eval", ranks=sf.in_eval))
     if sf.unsampled and not sf.frozen:
         out.append(context(Signal.NO_STACKS, "no fresh stack", ranks=sf.unsampled))
     return out
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ",".join(map(str, ranks))
 
 
 def phase_of(sf: StackFacts | None, rank: int) -> StackPhase | None:

@@ -2,9 +2,9 @@
 
 **MFU** (model FLOPs utilisation) = achieved model FLOP/s / peak FLOP/s of the devices:
 ``tokens_per_s * flops_per_token / (devices * peak_flops_per_device)``, with ``flops_per_token`` from
-:meth:`ft_trainer.presets.ModelSpec.flops_per_token` (6 N + 12 L d s, PaLM appendix B; recomputation for
-gradient checkpointing is not counted, as MFU is usually reported). The peak is the dense (no
-sparsity) bf16 tensor-core rate of the GPU, from :data:`PEAK_BF16_DENSE_FLOPS`, or
+:meth:`ft_trainer.planning.presets.ModelSpec.flops_per_token` (6 N + 12 L d s, PaLM appendix B;
+recomputation for gradient checkpointing is not counted, as MFU is usually reported). The peak is the
+dense (no sparsity) bf16 tensor-core rate of the GPU, from :data:`PEAK_BF16_DENSE_FLOPS`, or
 ``metrics.peak_flops_per_device``; on CPU it is measured (:func:`measure_cpu_matmul_flops`) unless
 configured.
 

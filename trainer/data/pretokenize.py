@@ -1,6 +1,7 @@
-"""``ft-trainer pretokenize``: a corpus to a memory-mapped token cache (format in :mod:`ft_trainer.cache`).
+"""``ft-trainer pretokenize``: a corpus to a memory-mapped token cache (format in
+:mod:`ft_trainer.data.cache`).
 
-The corpus is cut into work units (:func:`ft_trainer.sources.plan_units`); a pool of worker processes
+The corpus is cut into work units (:func:`ft_trainer.data.sources.plan_units`); a pool of worker processes
 tokenizes one unit into one shard each. A shard is done when its marker ``shard-NNNNN.json`` exists: it
 is written (atomically) after the shard's arrays, and records the unit it came from and the settings
 (tokenizer hash, dtype, EOS, text field). A rerun after an interruption skips every shard whose marker
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ft_trainer.cache import (
+from ft_trainer.data.cache import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
@@ -29,12 +30,12 @@ from ft_trainer.cache import (
     atomic_write_json,
     file_entry,
 )
-from ft_trainer.sources import WorkUnit, discover, iter_unit_docs, plan_units
-from ft_trainer.tokenization import encode_docs, eos_id, load_tokenizer, tokenizer_file, tokenizer_sha256
+from ft_trainer.data.sources import WorkUnit, discover, iter_unit_docs, plan_units
+from ft_trainer.data.tokenization import encode_docs, eos_id, load_tokenizer, tokenizer_file, tokenizer_sha256
 
 __all__ = ["PretokenizeOptions", "PretokenizeResult", "pretokenize", "token_dtype"]
 
-log = logging.getLogger("ft_trainer.pretokenize")
+log = logging.getLogger("ft_trainer.data.pretokenize")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -156,9 +157,9 @@ def _cleanup(out: Path, names: set[str]) -> None:
 
 
 def pretokenize(opts: PretokenizeOptions) -> PretokenizeResult:
-    """Build (or resume) the cache. Raises :class:`ft_trainer.sources.SourceError`, ``FileNotFoundError`` or
-    ``ValueError`` on bad input; ``KeyboardInterrupt`` propagates after the pool is stopped (finished
-    shards stay and a rerun resumes)."""
+    """Build (or resume) the cache. Raises :class:`ft_trainer.data.sources.SourceError`,
+    ``FileNotFoundError`` or ``ValueError`` on bad input; ``KeyboardInterrupt`` propagates after the
+    pool is stopped (finished shards stay and a rerun resumes)."""
     t0 = time.perf_counter()
     tok_file = tokenizer_file(opts.tokenizer)
     tok = load_tokenizer(tok_file)
@@ -194,7 +195,7 @@ def pretokenize(opts: PretokenizeOptions) -> PretokenizeResult:
     if skipped:
         log.info("pretokenize: %d of %d shards already done, resuming", skipped, len(units))
 
-    jobs = [
+    jobs: list[dict[str, Any]] = [
         {"unit": u, "root": str(root), "out_dir": str(out), "tokenizer": str(tok_file), "settings": settings}
         for u in todo
     ]

@@ -19,7 +19,7 @@ def lexicon(size: int = 400, seed: int = 7) -> list[str]:
     letters = np.array(list("etaoinshrdlucmfwypvbgkjqxz"))
     p = np.linspace(2.0, 0.2, letters.size)
     p /= p.sum()
-    words = set()
+    words: set[str] = set()
     while len(words) < size:
         n = int(rng.integers(1, 9))
         words.add("".join(rng.choice(letters, size=n, p=p)))

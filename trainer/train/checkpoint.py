@@ -16,9 +16,10 @@ rename leaves ``latest`` on the previous tag; the next start deletes tags withou
 Pruning keeps the newest ``keep_last`` complete tags and never the one ``latest`` names.
 
 **Leases** (:func:`save_lease_s`): a save announces ``factor x expected bytes / measured bytes-per-second
-+ slack``, clamped. The first save, with nothing measured, uses :func:`ft_trainer.estimates.checkpoint_bytes`
-and a configured conservative throughput; later ones the bytes and aggregate throughput of the previous
-save (all ranks' bytes over the slowest rank's seconds).
++ slack``, clamped. The first save, with nothing measured, uses
+:func:`ft_trainer.planning.estimates.checkpoint_bytes` and a configured conservative throughput; later
+ones the bytes and aggregate throughput of the previous save (all ranks' bytes over the slowest
+rank's seconds).
 
 The functions above the ``runtime`` line are pure (paths and numbers); :class:`CheckpointManager` drives
 a DeepSpeed engine.
@@ -55,7 +56,7 @@ __all__ = [
     "write_latest",
 ]
 
-log = logging.getLogger("ft_trainer.checkpoint")
+log = logging.getLogger("ft_trainer.train.checkpoint")
 
 LATEST_FILE = "latest"
 COMPLETE_FILE = "trainer_state.json"
@@ -241,7 +242,7 @@ class CheckpointManager:
 
     def remove_partial(self) -> list[str]:
         """Rank 0, before training: delete tags a crashed save left without ``trainer_state.json``."""
-        removed = []
+        removed: list[str] = []
         if self.rank != 0:
             return removed
         for c in list_checkpoints(self.directory):

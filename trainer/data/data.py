@@ -29,9 +29,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ft_trainer.cache import CacheError, CacheIndex, CacheTokens
 from ft_trainer.config import JobConfig
-from ft_trainer.plan import EpochPlan, PackingParams, build_epoch_plan
+from ft_trainer.data.cache import CacheError, CacheIndex, CacheTokens
+from ft_trainer.planning.plan import EpochPlan, build_epoch_plan
 
 __all__ = ["DocSource", "JobData", "RankStream", "StreamTokens"]
 
@@ -44,8 +44,8 @@ class StreamTokens:
     """Token ids of a document tokenized from its source text on demand (stream mode)."""
 
     def __init__(self, index: CacheIndex, source_root: Path, tokenizer: Path, text_field: str | None = None):
-        from ft_trainer.sources import SourceReader
-        from ft_trainer.tokenization import load_tokenizer, tokenizer_sha256
+        from ft_trainer.data.sources import SourceReader
+        from ft_trainer.data.tokenization import load_tokenizer, tokenizer_sha256
 
         m = index.manifest
         sha = tokenizer_sha256(tokenizer)
@@ -158,7 +158,7 @@ class JobData:
         self.cfg = cfg
         self.index = index
         self.mode = mode or cfg.data.mode
-        self.params = PackingParams.from_config(cfg)
+        self.params = cfg.packing_params()
         self._source: DocSource | None = None
         self._plans: dict[int, EpochPlan] = {}
 

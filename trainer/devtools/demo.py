@@ -10,7 +10,7 @@
 
 It ends with a summary: times to detection, alert and kill, and which signals carried the verdict.
 This module is only an orchestrator: the daemon is driven through its CLI and HTTP API, the trainer
-through ``ft_trainer.testing`` (the same helpers the tests use).
+through ``ft_trainer.devtools.testing`` (the same helpers the tests use).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from ft_trainer.testing import launch_local, prepare_tiny_data, write_tiny_job
+from ft_trainer.devtools.testing import launch_local, prepare_tiny_data, write_tiny_job
 
 JOB = "tiny-cpu"
 BOLD, DIM, RED, GREEN, RESET = "\033[1m", "\033[2m", "\033[31m", "\033[32m", "\033[0m"
@@ -65,7 +65,7 @@ def _free_port() -> int:
 def _imbalanced_job(root: Path, data, *, equalize: bool, name: str) -> Path:
     """One epoch, grad_accum 1, with the first seed whose epoch 0 packs clearly unequal counts."""
     from ft_trainer.config import load_config
-    from ft_trainer.data import JobData
+    from ft_trainer.data.data import JobData
 
     for seed in range(60):
         job = write_tiny_job(
@@ -290,7 +290,7 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
         run = launch_local(off, log_dir=root / "logs-off", progress_dir=progress, job=JOB)
         cleanup.append(run)
         n.say(f"launched 2 ranks (pids {run.pids}, process group {run.pgid})")
-        seen: dict[str, float] = {}
+        seen: dict[str, Any] = {}
         last_line = ""
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -439,7 +439,9 @@ def _print_summary(n: Narrator, s: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ft_trainer.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m ft_trainer.devtools.demo", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="work directory (recreated)")
     p.add_argument("--no-color", action="store_true")
     args = p.parse_args(argv)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ft_trainer.throughput import read_metrics
+from ft_trainer.train.throughput import read_metrics
 
 __all__ = ["RunError", "RunSummary", "ScalingRow", "load_run", "plot_scaling", "render_table", "scaling_rows"]
 

@@ -10,7 +10,7 @@ demo (the watchdog watching a real deadlock) share. Nothing is downloaded.
   ``DS_ACCELERATOR=cpu``) in one new process group, and returns a :class:`LocalRun` that can wait, read
   the logs and kill the whole group.
 
-``python -m ft_trainer.testing prepare DIR [--imbalanced]`` makes the data of
+``python -m ft_trainer.devtools.testing prepare DIR [--imbalanced]`` makes the data of
 ``deploy/examples/tiny-cpu.toml``.
 """
 
@@ -62,9 +62,9 @@ def prepare_tiny_data(
 
     ``imbalanced`` adds one long document to ``n_docs`` short ones: the rank that packs it gets more
     micro-batches than the others in most epochs (check with ``JobData.epoch_plan``)."""
-    from ft_trainer.pretokenize import PretokenizeOptions, pretokenize
-    from ft_trainer.synthetic import synthetic_texts, write_jsonl
-    from ft_trainer.tokenization import train_byte_bpe
+    from ft_trainer.data.pretokenize import PretokenizeOptions, pretokenize
+    from ft_trainer.data.tokenization import train_byte_bpe
+    from ft_trainer.devtools.synthetic import synthetic_texts, write_jsonl
 
     root = Path(root)
     tok = tokenizer_dir or root / "tokenizer"
@@ -287,7 +287,7 @@ def launch_local(
 
 def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m ft_trainer.testing", description="tiny local data for the CPU example"
+        prog="python -m ft_trainer.devtools.testing", description="tiny local data for the CPU example"
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="tokenizer + pretokenized cache under DIR")

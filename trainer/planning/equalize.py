@@ -21,7 +21,7 @@ import numpy as np
 
 __all__ = ["EqualizeResult", "equalize_epoch", "equalized_count", "whole_steps"]
 
-log = logging.getLogger("ft_trainer.equalize")
+log = logging.getLogger("ft_trainer.planning.equalize")
 
 
 def equalized_count(min_local_micro_batches: int, grad_accum: int) -> int:

@@ -15,7 +15,8 @@ Algorithm (documented in docs/trainer.md, "Packing"):
    one micro-batch; a leftover of fewer blocks is dropped. Documents may cross block boundaries.
 4. **Equalize.** Local counts still differ by a block or so between ranks - the epoch-end deadlock. With
    equalize on, every rank runs ``min_r(count_r)`` rounded down to a multiple of ``grad_accum`` (the same
-   arithmetic :func:`ft_trainer.equalize.equalized_count` applies after ``all_reduce(MIN)`` at run time).
+   arithmetic :func:`ft_trainer.planning.equalize.equalized_count` applies after ``all_reduce(MIN)`` at
+   run time).
    With equalize off (tests and the demo only), each rank runs its own count rounded down to whole
    optimizer steps, and unequal counts are exactly what the gate refuses.
 
@@ -27,14 +28,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ft_trainer.equalize import equalized_count, whole_steps
-
-if TYPE_CHECKING:
-    from ft_trainer.config import JobConfig
+from ft_trainer.planning.equalize import equalized_count, whole_steps
 
 __all__ = [
     "EpochPlan",
@@ -59,18 +56,6 @@ class PackingParams:
         for name in ("seq_len", "micro_batch", "grad_accum", "world_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-    @classmethod
-    def from_config(cls, cfg: JobConfig) -> PackingParams:
-        """The parameters training and the gate both use for ``cfg`` (one place, so they cannot drift)."""
-        return cls(
-            seq_len=cfg.data.seq_len,
-            micro_batch=cfg.data.micro_batch,
-            grad_accum=cfg.data.grad_accum,
-            world_size=cfg.cluster.world_size,
-            seed=cfg.seed,
-            equalize=cfg.data.equalize,
-        )
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from ft_trainer.config import JobConfig
-from ft_trainer.data import JobData
+from ft_trainer.data.data import JobData
 
 __all__ = ["ModeResult", "bench_mode", "verdict"]
 
@@ -59,7 +59,7 @@ def bench_mode(
 
 def verdict(results: list[ModeResult], need_per_rank_tokens_per_s: float | None) -> tuple[str, list[str]]:
     """(one-line verdict, per-mode notes). Headroom >= 2x: ample; 1-2x: tight; < 1x: the GPUs starve."""
-    notes = []
+    notes: list[str] = []
     ok_modes = [r for r in results if r.error is None]
     if need_per_rank_tokens_per_s is None:
         return (

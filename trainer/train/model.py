@@ -3,9 +3,9 @@
 - ``model.path = DIR``: any local Hugging Face causal LM (``AutoModelForCausalLM.from_pretrained(DIR,
   local_files_only=True)``), weights included (``train.init = "random"`` builds it from its config.json
   instead).
-- ``model.preset = "qwen3-32b"``: the Qwen3-32B architecture (:mod:`ft_trainer.presets`); the weights come
-  from ``train.weights = DIR`` (a local copy of Qwen/Qwen3-32B, whose config.json must match the preset),
-  or ``train.init = "random"`` for throughput tests.
+- ``model.preset = "qwen3-32b"``: the Qwen3-32B architecture (:mod:`ft_trainer.planning.presets`); the
+  weights come from ``train.weights = DIR`` (a local copy of Qwen/Qwen3-32B, whose config.json must
+  match the preset), or ``train.init = "random"`` for throughput tests.
 - ``model.preset = "tiny-qwen3"``: a random-initialised two-layer Qwen3 for CPU tests.
 
 With ``zero.zero_init`` (default) the model is built under ``deepspeed.zero.Init`` through transformers'
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ft_trainer.config import ConfigError, JobConfig
-from ft_trainer.presets import ModelSpec, from_hf_config
+from ft_trainer.planning.presets import ModelSpec, from_hf_config
 from ft_trainer.train.settings import Settings
 
 __all__ = ["BuiltModel", "build_model", "check_weights_match_preset", "resolve_init"]
@@ -63,7 +63,7 @@ def check_weights_match_preset(spec: ModelSpec, weights: Path, job_file: Path) -
             "train.weights",
             "a local model directory with config.json",
             str(weights),
-            raw=f"{job_file}: train.weights: {exc}",
+            message=str(exc),
         ) from None
     diffs = [
         f"{name}: preset {getattr(spec, name)}, weights {getattr(theirs, name)}"
@@ -76,7 +76,7 @@ def check_weights_match_preset(spec: ModelSpec, weights: Path, job_file: Path) -
             "train.weights",
             f"weights of the {spec.name} architecture",
             str(weights),
-            raw=f"{job_file}: train.weights: {weights} is not a {spec.name}: " + "; ".join(diffs),
+            message=f"{weights} is not a {spec.name}: " + "; ".join(diffs),
         )
 
 
@@ -124,7 +124,7 @@ def build_model(cfg: JobConfig, settings: Settings, ds_config: dict[str, Any], *
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    log = logging.getLogger("ft_trainer.model")
+    log = logging.getLogger("ft_trainer.train.model")
     init, weights = resolve_init(cfg, settings)
     if weights is not None and cfg.model.preset is not None:
         check_weights_match_preset(cfg.model.spec, weights, cfg.path)
@@ -135,7 +135,7 @@ def build_model(cfg: JobConfig, settings: Settings, ds_config: dict[str, Any], *
     if init == "pretrained":
         assert weights is not None
         if cfg.zero.zero_init and _have_accelerate():
-            from transformers.integrations import HfDeepSpeedConfig
+            from transformers.integrations import HfDeepSpeedConfig  # type: ignore[attr-defined]
 
             hf_ds = HfDeepSpeedConfig(ds_config)  # from_pretrained then loads each shard into partitions
             partitioned = True
@@ -154,7 +154,9 @@ def build_model(cfg: JobConfig, settings: Settings, ds_config: dict[str, Any], *
             fields = cfg.model.spec.hf_config_dict()
             fields.pop("model_type", None)
             hf_config = Qwen3Config(**fields)
-        model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]  # resolved before zero.Init patches torch
+        model_cls: Any = MODEL_FOR_CAUSAL_LM_MAPPING[
+            type(hf_config)
+        ]  # resolved before zero.Init patches torch
         if cfg.zero.zero_init:
             module = _random_zero3(model_cls, hf_config, ds_config, kwargs)
             partitioned = True

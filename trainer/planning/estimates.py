@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ft_trainer.presets import ModelSpec
+from ft_trainer.planning.presets import ModelSpec
 
 __all__ = ["MemoryEstimate", "checkpoint_bytes", "zero3_memory"]
 

@@ -120,9 +120,7 @@ def load_override(cfg: JobConfig, settings: Settings, config: dict[str, Any]) ->
     try:
         override = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(
-            cfg.path, "deepspeed.override", "a readable JSON object", str(path), raw=f"{path}: {exc}"
-        ) from None
+        raise ConfigError(cfg.path, "deepspeed.override", message=f"cannot read {path}: {exc}") from None
     if not isinstance(override, dict):
         raise ConfigError(cfg.path, "deepspeed.override", "a JSON object", type(override).__name__)
     merged = deep_merge(config, override)

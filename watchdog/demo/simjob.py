@@ -1,11 +1,14 @@
-"""A simulated training job for demos and tests: real processes, real progress files, simulated GPUs.
+"""A simulated training job for the demo, tests and benchmarks: real processes, real progress files,
+simulated GPUs.
 
-``python -m ft_trainer.simjob`` starts one process per local rank. Each follows the same scripted scenario
-as the daemon's ``sim`` telemetry source (``watchdog/telemetry/scenarios/``; both anchored at ``--start-epoch``)
-and behaves as a real rank would: it writes its progress file through :mod:`ft_trainer.progress` on every
-step and phase change, holds a lease during a checkpoint (rank 0 really writes to disk while it saves),
-and when the scenario hangs it simply stops reporting - as a rank stuck in a collective does. Ranks
-whose scenario phase is ``epoch_end`` announce it once with a short lease and then go silent too: the
+:func:`start` (what ``gpu-watchdog demo-run``, i.e. ``make run``, calls) or ``python -m
+gpu_triage.demo.simjob`` starts a launcher process that starts one process per local rank. Each follows
+the same scripted scenario as the daemon's ``sim`` telemetry source (``watchdog/telemetry/scenarios/``;
+both anchored at ``--start-epoch``) and behaves as a real rank would: it writes its progress file
+through the client contract (:mod:`gpu_triage.contract`, what every training job uses) on every step and
+phase change, holds a lease during a checkpoint (rank 0 really writes to disk while it saves), and when
+the scenario hangs it simply stops reporting - as a rank stuck in a collective does. Ranks whose
+scenario phase is ``epoch_end`` announce it once with a short lease and then go silent too: the
 epoch-end deadlock, where some ranks ran out of batches while others wait in ``train``.
 
 The processes carry the environment a launcher sets (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
@@ -22,9 +25,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 
-from ft_trainer.progress import ProgressWriter
+from gpu_triage.contract import Flusher, ProgressWriter
 
+MODULE = "gpu_triage.demo.simjob"  # the rank processes run this module (not __name__: "__main__" there)
 CHECKPOINT_CHUNK_BYTES = 2 << 20
 EPOCH_END_LEASE_S = 30.0
 
@@ -37,6 +42,8 @@ def run_rank(args: argparse.Namespace) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     world = int(os.environ.get("WORLD_SIZE", args.ranks))
     writer = ProgressWriter(args.job, rank, local_rank, world, directory=Path(args.progress_dir))
+    if args.heartbeat_s:  # as the real trainer does: the file is rewritten while the rank is blocked
+        Flusher(writer, heartbeat_s=args.heartbeat_s).start()
     scratch = Path(args.scratch_dir) / f"ckpt-rank{rank}.bin" if args.scratch_dir else None
     phase_key: tuple[int, int] | None = None
     last_step: int | None = None
@@ -72,7 +79,7 @@ def run_rank(args: argparse.Namespace) -> int:
 def launch(args: argparse.Namespace) -> int:
     """The launcher: one child process per rank, in a new process group; waits, forwards SIGTERM."""
     env_base = dict(os.environ)
-    children = []
+    children: list[subprocess.Popen[bytes]] = []
     for rank in range(args.ranks):
         env = dict(
             env_base,
@@ -85,7 +92,7 @@ def launch(args: argparse.Namespace) -> int:
         cmd = [
             sys.executable,
             "-m",
-            "ft_trainer.simjob",
+            MODULE,
             "--rank-process",
             "--scenario",
             args.scenario,
@@ -102,9 +109,11 @@ def launch(args: argparse.Namespace) -> int:
         ]
         if args.scratch_dir:
             cmd += ["--scratch-dir", str(args.scratch_dir)]
+        if args.heartbeat_s:
+            cmd += ["--heartbeat-s", str(args.heartbeat_s)]
         children.append(subprocess.Popen(cmd, env=env))
 
-    def forward(signum, _frame):
+    def forward(signum: int, _frame: FrameType | None) -> None:
         for c in children:
             if c.poll() is None:
                 c.send_signal(signum)
@@ -115,8 +124,40 @@ def launch(args: argparse.Namespace) -> int:
     return max((abs(c) for c in codes), default=0)
 
 
+def start(
+    progress_dir: Path,
+    start_epoch: float,
+    *,
+    scratch_dir: Path | None = None,
+    scenario: str = "reference-b300",
+    ranks: int = 8,
+    world_size: int = 16,
+    interval_s: float = 0.25,
+) -> subprocess.Popen[bytes]:
+    """Start the simulated job in its own session (so ``os.killpg(proc.pid, ...)`` stops every rank) and
+    return its launcher process. ``start_epoch``: the wall-clock second its scenario starts at - the
+    same anchor the daemon's ``--source sim`` gets, so the ranks' progress and the simulated GPUs agree."""
+    argv = [
+        "--progress-dir",
+        str(progress_dir),
+        "--start-epoch",
+        str(start_epoch),
+        "--scenario",
+        scenario,
+        "--ranks",
+        str(ranks),
+        "--world-size",
+        str(world_size),
+        "--interval-s",
+        str(interval_s),
+    ]
+    if scratch_dir is not None:
+        argv += ["--scratch-dir", str(scratch_dir)]
+    return subprocess.Popen([sys.executable, "-m", MODULE, *argv], start_new_session=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ft_trainer.simjob", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", default="reference-b300")
     p.add_argument("--job", default="qwen3-32b-ft")
     p.add_argument("--progress-dir", required=True)
@@ -126,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-offset", type=int, default=0, help="global rank of local rank 0 (node 2: 8)")
     p.add_argument("--world-size", type=int, default=16)
     p.add_argument("--interval-s", type=float, default=0.25)
+    p.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=0.0,
+        help="run the progress flusher: rewrite each file this often even while the rank hangs "
+        "(the trainer's flusher does every 30 s; 0: no flusher)",
+    )
     p.add_argument("--rank-process", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     Path(args.progress_dir).mkdir(parents=True, exist_ok=True)

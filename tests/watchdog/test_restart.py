@@ -1,0 +1,211 @@
+"""Episodes survive a restart (issue 18, item 5), for real: a simulated job of real rank processes
+reaches the epoch-end deadlock under an armed daemon subprocess; the daemon is stopped (SIGTERM, as
+``systemctl restart`` does) in the middle of the episode, while the ranks' flusher keeps rewriting
+their progress files, and a new daemon is started on the same state directory. The hung job is killed
+exactly once: no "deterministic hang" refusal for its own interrupted episode, no ``healthy`` verdict
+in between, no second evidence bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, require_binary
+
+JOB = "restart-test"
+GPU_WATCHDOG = [sys.executable, "-m", "gpu_triage"]
+
+
+def _events(state: Path) -> list[dict]:
+    if not (state / "events.sqlite3").exists():
+        return []
+    db = sqlite3.connect(f"file:{state / 'events.sqlite3'}?mode=ro", uri=True, timeout=5)
+    try:
+        cols = [r[1] for r in db.execute("PRAGMA table_info(events)")]
+        rows = db.execute("SELECT * FROM events ORDER BY id").fetchall() if cols else []
+    except sqlite3.OperationalError:  # being created
+        return []
+    finally:
+        db.close()
+    out = []
+    for row in rows:
+        e = dict(zip(cols, row, strict=True))
+        e["payload"] = json.loads(e["payload"]) if isinstance(e.get("payload"), str) else e.get("payload")
+        out.append(e)
+    return out
+
+
+def _daemon(config: Path, state: Path, start: float, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            *GPU_WATCHDOG,
+            "run",
+            "--config",
+            str(config),
+            "--source",
+            "sim",
+            "--sim-start",
+            str(start),
+            "--state-dir",
+            str(state),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        cwd=REPO,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _wait(what: str, predicate, timeout_s: float, log: Path, *, fatal: bool = True):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.5)
+    if not fatal:  # the test's assertions say what went wrong
+        return None
+    raise AssertionError(f"timed out waiting for {what}; daemon log:\n{log.read_text()[-4000:]}")
+
+
+def _verdicts(state: Path) -> list[str | None]:
+    return [e["payload"].get("to") for e in _events(state) if e["kind"] == "verdict" and e["job"] == JOB]
+
+
+def scenario(tmp_path: Path) -> None:
+    """Run inside a PID namespace of its own (see the test): the daemon sees only this job's ranks,
+    never another process of the machine (an armed daemon on a shared test machine would kill them)."""
+    progress, state, log = tmp_path / "progress", tmp_path / "state", tmp_path / "daemon.log"
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f"""
+[daemon]
+period_s = 0.2
+[progress]
+dir = "{progress}"
+[detector]
+confirm_after_s = 20.0
+[actions]
+mode = "kill"
+capture_after_s = 0.0
+alert_after_s = 0.0
+sigterm_after_s = 2.0
+sigkill_grace_s = 3.0
+capture_timeout_s = 10.0
+"""
+    )
+    start = time.time() - 95.0  # the scenario's epoch-end deadlock begins at 110 s: ~15 s from now
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpu_triage.demo.simjob",
+            "--job",
+            JOB,
+            "--progress-dir",
+            str(progress),
+            "--start-epoch",
+            str(start),
+            "--interval-s",
+            "0.2",
+            "--heartbeat-s",
+            "2",  # the trainer's flusher (30 s in production): files rewritten while the ranks hang
+        ],
+        cwd=REPO,
+        start_new_session=True,
+    )
+    first = _daemon(config, state, start, log)
+    second: subprocess.Popen | None = None
+    try:
+        _wait("deadlock_suspected", lambda: "deadlock_suspected" in _verdicts(state), 120, log)
+        _stop(first)  # mid-episode: suspected, not yet confirmed, nothing signalled
+        assert job.poll() is None
+        time.sleep(5.0)  # the flusher rewrites every rank file (new `time`) while no daemon watches
+        second = _daemon(config, state, start, log)
+        _wait("the job to be killed", lambda: job.poll() is not None, 90, log, fatal=False)
+        time.sleep(2.0)
+    finally:
+        for p in (first, second):
+            if p is not None:
+                _stop(p)
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+@pytest.mark.slow
+def test_a_daemon_restarted_mid_episode_kills_the_hung_job_once(tmp_path: Path) -> None:
+    unshare = require_binary("unshare", "the armed daemon runs in a PID namespace of its own")
+    if os.geteuid() != 0:
+        pytest.skip("a PID namespace with its own /proc needs root (CI runs as root)")
+    done = subprocess.run(
+        [
+            unshare,
+            "--fork",
+            "--pid",
+            "--mount-proc",
+            sys.executable,
+            "-m",
+            "tests.watchdog.test_restart",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    state = tmp_path / "state"
+    events = _events(state)
+    actions = [e["payload"] for e in events if e["kind"] == "action" and e["job"] == JOB]
+    term = next(
+        (
+            e["id"]
+            for e in events
+            if e["kind"] == "action"
+            and e["payload"].get("action") == "sigterm"
+            and e["payload"].get("result") == "started"
+        ),
+        None,
+    )
+    verdicts = [
+        (e["id"], e["payload"].get("to"))
+        for e in events
+        if e["kind"] == "verdict" and e["job"] == JOB and (term is None or e["id"] < term)
+    ]
+    onset = next(i for i, (_, v) in enumerate(verdicts) if v == "deadlock_suspected")
+    assert "healthy" not in [v for _, v in verdicts[onset:]], verdicts
+    refused = [a for a in actions if a.get("result") == "refused"]
+    assert not refused, refused
+    assert not [a for a in actions if a.get("condition") == "deterministic_hang"], actions
+    started = [a for a in actions if a.get("action") == "sigterm" and a.get("result") == "started"]
+    assert len(started) == 1, actions
+    assert [a for a in actions if a.get("action") == "ladder" and a.get("result") == "resumed"], actions
+    captures = [a for a in actions if a.get("action") == "capture" and a.get("result") == "started"]
+    assert len(captures) == 1, actions  # the capture rate limit held across the restart
+    starts = [e for e in events if e["kind"] == "daemon" and e["payload"].get("event") == "started"]
+    assert len(starts) == 2
+
+
+if __name__ == "__main__":
+    scenario(Path(sys.argv[1]))

@@ -1,0 +1,167 @@
+"""Other nodes' facts about one job, read back from Prometheus (pure parsing; the query is the client's).
+
+:func:`job_query` is the one selector the daemon sends per job; :func:`remote_facts` turns its
+answer into one :class:`~gpu_triage.signals.fleet.facts.JobFacts` per other node. What the answer cannot
+be trusted for is said, never guessed: a sample with a bad label is skipped and counted, and the
+caller (:mod:`gpu_triage.signals.fleet.fusion`) decides staleness and completeness with the time passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, JobFacts, RankFacts
+
+MAX_RANK = 1 << 20
+"""A rank label above this is refused (no job has a million ranks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One series of an instant query's answer."""
+
+    labels: dict[str, str]
+    value: float
+    timestamp: float
+    """The sample's time as Prometheus evaluated it (epoch seconds)."""
+
+
+def job_query(job: str) -> str:
+    """Every fleet series of one job, from every node (``training_job`` quoted safely)."""
+    return f'{{__name__=~"{PREFIX}.+",{JOB_LABEL}={json.dumps(job)}}}'
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFacts:
+    """What Prometheus answered about one job, at one time."""
+
+    job: str
+    asked_at: float
+    """When the answer came (epoch seconds)."""
+    nodes: tuple[JobFacts, ...] = ()
+    """One per other node that exported facts for the job."""
+    error: str | None = None
+    """Why there is no answer (Prometheus unreachable, too slow, too large, malformed)."""
+    skipped: int = 0
+    """Samples refused (a label that is no rank, a node with conflicting facts...)."""
+    query_s: float = 0.0
+    bytes: int = 0
+    asked: bool = True
+    """False: no query was sent (the job has not been suspicious since the daemon started)."""
+
+
+@dataclass
+class _Node:
+    time: float | None = None
+    world: int | None = None
+    verdict: str = "unknown"
+    onset: float | None = None
+    kill_worthy: bool = False
+    writing: bool = False
+    reading: bool = False
+    ranks: dict[int, dict[str, object]] = field(default_factory=dict)
+
+
+def _rank(labels: dict[str, str]) -> int | None:
+    text = labels.get("rank", "")
+    if not text.isdigit() or len(text) > 8:
+        return None
+    value = int(text)
+    return value if value <= MAX_RANK else None
+
+
+def remote_facts(
+    job: str,
+    samples: Iterable[Sample],
+    *,
+    own_node: str,
+    asked_at: float,
+    query_s: float = 0.0,
+    size: int = 0,
+) -> RemoteFacts:
+    """Samples of :func:`job_query` -> the other nodes' facts (this node's own series are left out)."""
+    nodes: dict[str, _Node] = {}
+    skipped = 0
+    for s in samples:
+        labels = s.labels
+        name = labels.get("__name__", "")
+        node = labels.get(NODE_LABEL, "")
+        if (
+            labels.get(JOB_LABEL) != job
+            or not node
+            or not name.startswith(PREFIX)
+            or not math.isfinite(s.value)
+        ):
+            skipped += 1
+            continue
+        if node == own_node:
+            continue
+        n = nodes.setdefault(node, _Node())
+        key = name[len(PREFIX) :]
+        if not key.startswith("rank_"):
+            if key == "facts_timestamp_seconds":
+                n.time = s.value
+            elif key == "world_size" and 0 < s.value <= MAX_RANK:
+                n.world = int(s.value)
+            elif key == "verdict" and s.value == 1.0:
+                n.verdict = labels.get("verdict", "unknown")[:64]
+            elif key == "verdict_onset_timestamp_seconds":
+                n.onset = s.value
+            elif key == "kill_worthy":
+                n.kill_worthy = s.value == 1.0
+            elif key == "io_active":
+                if labels.get("io") == "write":
+                    n.writing = s.value == 1.0
+                elif labels.get("io") == "read":
+                    n.reading = s.value == 1.0
+            continue
+        rank = _rank(labels)
+        if rank is None:
+            skipped += 1
+            continue
+        r = n.ranks.setdefault(rank, {})
+        if key == "rank_stack_since_timestamp_seconds":
+            r["stack_phase"] = labels.get("phase", "other")[:32]
+            r["stack_where"] = labels.get("where", "")[:160]
+            r["stack_same_since"] = s.value
+        elif key == "rank_stack_sampled_timestamp_seconds":
+            r["stack_sampled_at"] = s.value
+        elif key == "rank_step" and 0 <= s.value < 2**53:
+            r["step"] = int(s.value)
+        elif key == "rank_step_changed_timestamp_seconds":
+            r["step_changed_at"] = s.value
+        elif key == "rank_phase_since_timestamp_seconds":
+            r["phase"] = labels.get("phase", "")[:32]
+            r["phase_since"] = s.value
+        elif key == "rank_spin_since_timestamp_seconds":
+            r["spin_since"] = s.value
+    out = []
+    for node, n in sorted(nodes.items()):
+        if n.time is None:  # no facts time: cannot tell fresh from stale
+            skipped += 1
+            continue
+        ranks = []
+        for rank, values in sorted(n.ranks.items()):
+            rf = RankFacts(rank=rank)
+            ranks.append(replace(rf, **values))  # type: ignore[arg-type]
+        out.append(
+            JobFacts(
+                job=job,
+                node=node[:253],
+                time=n.time,
+                world_size=n.world,
+                verdict=n.verdict,
+                onset=n.onset,
+                kill_worthy=n.kill_worthy,
+                writing=n.writing,
+                reading=n.reading,
+                ranks=tuple(ranks),
+            )
+        )
+    return RemoteFacts(job, asked_at, tuple(out), None, skipped, query_s, size)
+
+
+__all__ = ["RemoteFacts", "Sample", "job_query", "remote_facts"]
