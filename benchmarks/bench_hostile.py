@@ -104,7 +104,14 @@ def _measure(hostile: bool, cycles: int) -> tuple[float, float, float, int]:
                 {"daemon.state_dir": str(Path(tmp) / "state"), "progress.dir": str(progress)},
                 origin="bench",
             )
-            daemon = Daemon(config, NoneSource(), clock=lambda: clock["now"], serve_http=False)
+            class _Clock:  # the daemon's wall and monotonic clocks, both the explicit ``now``
+                def wall(self) -> float:
+                    return clock["now"]
+
+                def monotonic(self) -> float:
+                    return clock["now"]
+
+            daemon = Daemon(config, NoneSource(), clock=_Clock(), serve_http=False)
             daemon.start()
             times = []
             try:

@@ -149,6 +149,19 @@ class Outcome:
     last: Any = None
 
 
+class _FakeClock:
+    """The daemon's clock (wall and monotonic) read from the node's explicit ``now``."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def wall(self) -> float:
+        return self.node.now
+
+    def monotonic(self) -> float:
+        return self.node.now
+
+
 class Node:
     """The real daemon, armed to kill, on an explicit clock."""
 
@@ -170,7 +183,7 @@ class Node:
             },
             origin="test",
         )
-        self.daemon = Daemon(config, NoneSource(), clock=self.clock, serve_http=False)
+        self.daemon = Daemon(config, NoneSource(), clock=_FakeClock(self), serve_http=False)
         self.daemon.start()
         if self.daemon.actions is not None:
             self.daemon.actions.close()
