@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -22,7 +23,6 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 
 from benchmarks.bench_api import CLIENT, P99_BUDGET_MS, percentiles_ms
 from benchmarks.common import header, line
@@ -30,6 +30,10 @@ from benchmarks.common import header, line
 GPUS = 16
 RANKS = 16
 RATE_PER_S = 200.0
+CPU_BUDGET = 0.02
+CPU_GOAL = 0.005  # dcgm-exporter's order
+#: The daemon's CPU share the issue-22 report measured here before the cost work (2.8-3.2 %).
+CPU_BASELINE_PERCENT = 3.0
 
 CHILD = r"""
 import sys, time
@@ -68,6 +72,8 @@ def _hwm_mb(pid: int) -> float:
 
 
 def run(quick: bool = False) -> None:
+    from benchmarks.bench_stacks import _find_daemon, isolated  # it imports this module
+
     window_s = 20.0 if quick else 60.0
     load_s = 5.0 if quick else 15.0
     header(
@@ -79,26 +85,20 @@ def run(quick: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuwd-bench-") as tmp:
         state, progress = Path(tmp) / "state", Path(tmp) / "progress"
         start = time.time() + 1.0
-        job = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpu_triage.demo.simjob",
-                "--progress-dir",
-                str(progress),
-                "--start-epoch",
-                str(start),
-                "--ranks",
-                str(RANKS),
-                "--world-size",
-                str(RANKS),
-            ],
-            start_new_session=True,
-        )
-        daemon = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(port), str(state), str(progress), str(start), str(GPUS)],
-            start_new_session=True,
-        )
+        job_cmd = [sys.executable, "-m", "gpu_triage.demo.simjob", "--progress-dir", str(progress),
+                   "--start-epoch", str(start), "--ranks", str(RANKS),
+                   "--world-size", str(RANKS)]  # fmt: skip
+        daemon_cmd = [sys.executable, "-c", CHILD, str(port), str(state), str(progress), str(start),
+                      str(GPUS)]  # fmt: skip
+        if isolated():
+            # the daemon and its job in their own PID namespace (as bench_stacks): on a shared machine
+            # the daemon would otherwise discover, judge and py-spy every other job too
+            inner = f"{shlex.join(job_cmd)} & {shlex.join(daemon_cmd)} & wait"
+            ns = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", inner],
+                                  start_new_session=True)  # fmt: skip
+            groups = [ns]
+        else:
+            groups = [subprocess.Popen(c, start_new_session=True) for c in (job_cmd, daemon_cmd)]
         try:
             deadline = time.monotonic() + 60
             while True:
@@ -111,7 +111,8 @@ def run(quick: bool = False) -> None:
                     raise RuntimeError("the daemon did not become healthy")
                 time.sleep(0.2)
             time.sleep(10.0)  # warm-up: discovery of the ranks, first progress reads
-            proc = psutil.Process(daemon.pid)
+            proc = _find_daemon(groups)
+            jobs_seen = len(httpx.get(f"{base}/status", timeout=5).json()["jobs"])
             cpu0, t0 = proc.cpu_times(), time.monotonic()
             missed0 = _metric(base, "gpu_watchdog_missed_cycles_total")
             time.sleep(window_s)
@@ -122,19 +123,27 @@ def run(quick: bool = False) -> None:
                 "daemon CPU share of one core",
                 100 * share,
                 "%",
-                budget="<= 2 %",
-                ok=share <= 0.02,
+                baseline=CPU_BASELINE_PERCENT,
+                baseline_name="issue 22 (2.8-3.2 %)",
+                budget=f"<= {100 * CPU_BUDGET:g} %, goal {100 * CPU_GOAL:g} %",
+                ok=share <= CPU_BUDGET,
                 higher_is_better=False,
             )
             line(
                 "daemon peak resident memory",
-                _hwm_mb(daemon.pid),
+                _hwm_mb(proc.pid),
                 "MB",
                 budget="<= 100 MB",
-                ok=_hwm_mb(daemon.pid) <= 100,
+                ok=_hwm_mb(proc.pid) <= 100,
                 higher_is_better=False,
             )
             line("rank processes tracked", float(ranks), "ranks")
+            line(
+                "jobs the daemon saw",
+                float(jobs_seen),
+                "jobs",
+                budget="1 (own PID namespace)" if isolated() else "1 (not isolated: needs root and unshare)",
+            )
             line(
                 "missed cycles while idle",
                 _metric(base, "gpu_watchdog_missed_cycles_total") - missed0,
@@ -181,9 +190,9 @@ def run(quick: bool = False) -> None:
                 higher_is_better=False,
             )
         finally:
-            for p in (daemon, job):
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
+            for p in groups:
+                try:  # a namespace's init ignores SIGTERM from outside: SIGKILL tears the namespace down
+                    os.killpg(p.pid, signal.SIGKILL if isolated() else signal.SIGTERM)
                     p.wait(timeout=15)
                 except (ProcessLookupError, subprocess.TimeoutExpired):
                     os.killpg(p.pid, signal.SIGKILL)

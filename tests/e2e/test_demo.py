@@ -50,3 +50,15 @@ def test_make_demo_catches_and_kills_the_real_deadlock(tmp_path: Path) -> None:
     text = r.stdout
     assert "deadlock_suspected raised" in text and "SIGTERM to the job's group" in text
     assert "no GPU" in text  # says plainly which signals carried the verdict
+    # The pictures: the timeline PNG drawn from the daemon's own events, the bundle's HTML report.
+    pictures = summary["pictures"]
+    png = Path(pictures["timeline_png"])
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    assert pictures["verdicts"][:3] == ["healthy", "deadlock_suspected", "deadlock_confirmed"]
+    marks = pictures["marks"]
+    for kind in ("onset", "evidence", "alert", "sigterm"):
+        assert kind in marks, marks
+    assert marks.index("onset") < marks.index("evidence") < marks.index("sigterm")
+    report = Path(pictures["evidence_report"]).read_text()
+    assert report.count("rank 0 (pid ") >= 1 and report.count("rank 1 (pid ") >= 1
+    assert "<script" not in report

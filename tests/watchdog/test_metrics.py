@@ -13,7 +13,7 @@ from prometheus_client.samples import Sample
 
 from gpu_triage.model.snapshot import Snapshot
 from gpu_triage.model.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
-from gpu_triage.serving.metrics import METRIC_NAMES, _check_unit, make_registry, render
+from gpu_triage.serving.metrics import METRIC_NAMES, MetricsExposition, _check_unit, make_registry, render
 from gpu_triage.serving.publish import SnapshotHolder
 from gpu_triage.signals.pods import PodRef
 from tests.conftest import require_binary
@@ -221,6 +221,49 @@ def test_each_scrape_renders_the_latest_snapshot() -> None:
     assert "gpu_watchdog_cycles_total 2.0" in render(registry)[0].decode()
 
 
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+@pytest.mark.parametrize("accept", [None, OPENMETRICS])
+def test_the_cached_exposition_is_the_fresh_rendering(accept: str | None) -> None:
+    """/metrics' cache gives byte for byte what rendering the registry gives, in either format."""
+    holder = SnapshotHolder(full_snapshot())
+    exposition = MetricsExposition(holder, process_metrics=False)
+    fresh = render(make_registry(holder, process_metrics=False), accept)
+    assert exposition.render(accept) == fresh
+    assert exposition.render(accept) == fresh  # from the cache now
+
+
+def test_the_exposition_is_encoded_once_per_snapshot_and_format() -> None:
+    holder = SnapshotHolder(snapshot(cycle=1))
+    exposition = MetricsExposition(holder, process_metrics=False)
+    for _ in range(5):
+        assert "gpu_watchdog_cycles_total 1.0" in exposition.render()[0].decode()
+    assert exposition.renders == 1
+    exposition.render(OPENMETRICS)
+    assert exposition.renders == 2
+    holder.publish(snapshot(cycle=2))  # a new snapshot: rendered anew, never the old bytes
+    assert "gpu_watchdog_cycles_total 2.0" in exposition.render()[0].decode()
+    assert exposition.renders == 3
+
+
+def test_the_cached_exposition_keeps_process_metrics_live_and_one_openmetrics_eof() -> None:
+    exposition = MetricsExposition(SnapshotHolder(full_snapshot()))
+    text = exposition.render()[0].decode()
+    assert "process_resident_memory_bytes" in text and "gpu_watchdog_power_watts" in text
+    assert types(text).items() >= METRIC_NAMES.items()
+    body, content_type = exposition.render(OPENMETRICS)
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.count(b"# EOF") == 1 and body.endswith(b"# EOF\n")
+    families = {f.name for f in parse_openmetrics(body.decode())}  # the parser refuses a mid-body EOF
+    assert {"process_resident_memory_bytes", "gpu_watchdog_power_watts"} <= families
+
+
+def test_the_cached_exposition_is_empty_of_ours_before_the_first_cycle() -> None:
+    exposition = MetricsExposition(SnapshotHolder(None), process_metrics=False)
+    assert exposition.render() == (b"", exposition.render()[1])
+
+
 def test_the_global_registry_is_left_alone() -> None:
     make_registry(SnapshotHolder(full_snapshot()))
     global_text = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
@@ -282,3 +325,27 @@ def test_gpus_held_idle_say_for_how_long_and_by_which_job() -> None:
         for s in samples(scrape(snap))["gpu_watchdog_gpu_held_idle_seconds"]
     }
     assert got == {("1", "qwen3-32b-ft"): 2000.0, ("3", ""): 100.0}
+
+
+def test_process_series_are_reused_only_up_to_their_age() -> None:
+    """/metrics reuses the encoded process_* series for at most process_max_age_s (a flood costs no
+    render per request), then reads them anew; the snapshot's part is unaffected by the age."""
+    now = [100.0]
+    exposition = MetricsExposition(
+        SnapshotHolder(full_snapshot()), process_max_age_s=1.0, monotonic=lambda: now[0]
+    )
+    first = exposition.render()[0]
+    calls = []
+    real_collect = exposition._process.collect  # type: ignore[union-attr]
+
+    def counting_collect():  # the process collector is the boundary read here
+        calls.append(now[0])
+        return real_collect()
+
+    exposition._process.collect = counting_collect  # type: ignore[union-attr,method-assign]
+    now[0] = 100.5
+    assert exposition.render()[0] == first and calls == []  # within the second: the same bytes
+    now[0] = 101.2
+    exposition.render()
+    assert calls == [101.2]  # past it: read again
+    assert exposition.renders == 1  # the snapshot was encoded once all along

@@ -434,3 +434,11 @@ def test_recording_round_trips_through_the_csv_reader(tmp_path: Path, kw: dict) 
     assert np.allclose(chunk.utilization_ratio.reshape(-1, 8), frame.utilization_ratio)
     if kw.get("with_index"):
         assert header.power_limit_w == LIMIT_W and set(header.gpu_names) == {"NVIDIA B300 SXM6 AC"}
+
+
+def test_the_fast_single_sample_equals_the_vectorised_render() -> None:
+    """SimSource.sample computes one time point on rows (the daemon's 10 Hz path); it must give what
+    Scenario.render gives, to the last digit, in every phase, across loops and before the start."""
+    source = SimSource("reference-b300", gpus=16, start_s=0.0, seed=7)
+    for t in [*np.arange(-3.0, 1300.0, 0.7), 98765.43]:
+        assert source.sample(float(t)) == source._sample_by_render(float(t))

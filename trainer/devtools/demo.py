@@ -291,10 +291,13 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
         cleanup.append(run)
         n.say(f"launched 2 ranks (pids {run.pids}, process group {run.pgid})")
         seen: dict[str, Any] = {}
+        points: list[Any] = []  # /status polls of the job: the timeline picture's steps (and power)
         last_line = ""
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             st = _status(base)
+            if st is not None:
+                points.append(st)
             job = next((j for j in (st or {}).get("jobs", []) if j["job"] == JOB), None)
             if job is not None:
                 ranks = ", ".join(
@@ -322,6 +325,8 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
                 if job["verdict"] == "deadlock_confirmed" and "confirmed" not in seen:
                     seen["confirmed"] = time.time()
             for e in _events(base):
+                if e.get("job") != JOB:  # a shared machine's other jobs have events too
+                    continue
                 p = e.get("payload", {})
                 key = f"{p.get('action')}/{p.get('result')}" if e["kind"] == "action" else e["kind"]
                 if (
@@ -367,6 +372,7 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
         if am_url and "alertmanager" not in seen:
             n.say("Alertmanager never showed the alert", good=False)
         run.kill()
+        summary["pictures"] = _pictures(n, root, base, points, seen.get("bundle"))
 
         n.step("3. The same data with equalize-to-minimum completes")
         run_on = launch_local(on, log_dir=root / "logs-on", progress_dir=progress, job=JOB + "-on")
@@ -403,6 +409,32 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
                     os.killpg(item.pid, 15)
                     item.wait(timeout=15)
         (root / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+
+
+def _pictures(n: Narrator, root: Path, base: str, polls: list[dict[str, Any]], bundle: Any) -> dict[str, Any]:
+    """The timeline PNG of the incident (steps per rank, verdict bands, the actions) from the polled
+    /status documents and the daemon's /events; the evidence bundle's HTML report (written by the
+    capture). A picture that cannot be made is said, never a failed demo."""
+    from gpu_triage.journal.timeline import build_timeline, plot_timeline, status_point
+
+    out: dict[str, Any] = {}
+    try:
+        points = [p for p in (status_point(d, JOB) for d in polls) if p is not None]
+        events = _events(base)
+        (root / "timeline.json").write_text(json.dumps({"job": JOB, "status": polls, "events": events}))
+        timeline = build_timeline(JOB, points, events, end_s=time.time())
+        png = plot_timeline(timeline, root / "timeline.png", title=f"make demo: job {JOB} (--source none)")
+        out["timeline_png"] = str(png)
+        out["verdicts"] = [s.verdict for s in timeline.spans]
+        out["marks"] = [m.kind for m in timeline.marks]
+        n.say(f"picture: {png} (steps per rank, verdict bands, evidence/alert/SIGTERM marks)", good=True)
+    except Exception as e:  # matplotlib missing, daemon gone: say so
+        n.say(f"no timeline picture: {type(e).__name__}: {e}", good=False)
+    report = Path(bundle) / "report.html" if bundle else None
+    if report is not None and report.is_file():
+        out["evidence_report"] = str(report)
+        n.say(f"evidence report: {report} (ranks grouped by where they wait)", good=True)
+    return out
 
 
 def _rel(t: float | None, onset: float) -> float | None:

@@ -14,6 +14,8 @@ Captured once per suspected deadlock (before any kill), under
 ``status.json``           the job's verdict, evidence and the node's GPUs at capture time
 ``index.json``            every item: its file, status (``ok``/``absent``/``skipped``/``error``/
                           ``timeout``), result or error, and duration; ``complete`` once finished
+``report.html``           the bundle as one self-contained page: ranks grouped by where they wait
+                          (:mod:`gpu_triage.actions.evidence_report`), written after ``index.json``
 ========================  ====================================================================
 
 Each outside command is limited to ``timeout_s``; py-spy runs for up to four ranks at a time.
@@ -36,6 +38,7 @@ import concurrent.futures
 import contextlib
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -49,9 +52,12 @@ from typing import Any
 
 import psutil
 
+from gpu_triage.actions import evidence_report
 from gpu_triage.actions.kill import CommandRunner, SubprocessRunner
 from gpu_triage.signals import flight_recorder
 from gpu_triage.signals.nccl_ras import client as ras
+
+log = logging.getLogger(__name__)
 
 EVIDENCE_DIR = "evidence"
 MAX_COPY_BYTES = 64 * 1024 * 1024
@@ -235,6 +241,10 @@ class EvidenceCapture:
                 }
             ),
         )
+        try:  # the page is a reading of what is on disk; it never fails the capture
+            evidence_report.write_report(req.path)
+        except Exception as e:
+            log.warning("evidence report for %s not written: %s", req.path, e)
         return Bundle(req.path, tuple(items), started, duration)
 
     # ------------------------------------------------------------------------------------ items

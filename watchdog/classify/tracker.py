@@ -46,6 +46,8 @@ class _Gpu:
     last: GpuSample | None = None
     read_errors_total: int = 0
     last_good_s: float | None = None
+    edges: tuple[float | None, float | None, float | None] | None = None
+    """(limit, compute floor, spin ceiling) in watts, recomputed only when the limit changes."""
 
 
 @dataclass
@@ -117,6 +119,12 @@ class GpuTracker:
             assert s is not None
             ok = s.error is None
             limit = s.power_limit_w or t.table.power_limit_w
+            if t.edges is None or t.edges[0] != limit:
+                t.edges = (
+                    limit,
+                    _edge(t.table, GpuState.COMPUTE, "power_min", limit),
+                    _edge(t.table, GpuState.CHECKPOINT_OR_DEADLOCK, "power_max", limit),
+                )
             out.append(
                 GpuStatus(
                     gpu=g,
@@ -133,8 +141,8 @@ class GpuTracker:
                     temperature_c=s.temperature_c if ok else None,
                     sm_clock_mhz=s.sm_clock_mhz if ok else None,
                     read_errors_total=t.read_errors_total,
-                    compute_floor_w=_edge(t.table, GpuState.COMPUTE, "power_min", limit),
-                    spin_ceiling_w=_edge(t.table, GpuState.CHECKPOINT_OR_DEADLOCK, "power_max", limit),
+                    compute_floor_w=t.edges[1],
+                    spin_ceiling_w=t.edges[2],
                 )
             )
         return tuple(out)

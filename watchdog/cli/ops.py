@@ -69,6 +69,34 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     r.add_argument("-o", "--out", metavar="FILE", help="write here (default: standard output)")
     r.set_defaults(func=cmd_render_rules)
 
+    e = sub.add_parser(
+        "evidence-report",
+        help="write report.html into an evidence bundle: ranks grouped by where they wait",
+        description="Read an evidence bundle (index.json, the py-spy dumps, status.json) and write "
+        "BUNDLE_DIR/report.html: one self-contained page (no script, nothing loaded from elsewhere) with "
+        "every rank grouped under the place its stack waits (collective and call site), the verdict's "
+        "findings and the bundle's items. The daemon writes it at every capture; this rewrites it, for "
+        "older bundles too. Exit status: 0 written, 2 not a bundle.",
+        epilog="example:\n"
+        "  gpu-watchdog evidence-report /var/lib/gpu-watchdog/evidence/20261203T165613Z-myjob\n"
+        "  xdg-open /var/lib/gpu-watchdog/evidence/20261203T165613Z-myjob/report.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    e.add_argument("bundle", metavar="BUNDLE_DIR", help="an evidence bundle directory (has index.json)")
+    e.set_defaults(func=cmd_evidence_report)
+
+
+def cmd_evidence_report(args: argparse.Namespace) -> int:
+    from gpu_triage.actions.evidence_report import ReportError, write_report
+
+    try:
+        out = write_report(Path(args.bundle))
+    except (ReportError, OSError) as error:
+        print(f"gpu-watchdog evidence-report: error: {error}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
 
 def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list[str]]:
     """``(exit code, lines)`` for ``check-config`` (pure apart from reading the files)."""

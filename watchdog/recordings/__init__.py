@@ -1,5 +1,10 @@
 """Recorded GPU telemetry: reading nvidia-smi CSV logs (``nvsmi_csv``), vectorised and chunked.
 
+``nvsmi_csv`` is the public reader; it composes one module per concern: ``layout`` (header, columns,
+units), ``blocks`` (blocks of lines and their line numbers), ``parse`` (a block through pyarrow.csv),
+``cells`` (a column into arrays), ``timestamps``, ``gpu_assign`` and ``gpu_count`` (which GPU a row
+is), ``values`` (what the reader hands out) and ``errors``.
+
 pyarrow is imported only where recordings are read, never by the daemon's cycle, so this package
 exports the reader lazily: ``import gpu_triage.recordings`` alone does not
 pull pyarrow in, while ``from gpu_triage.recordings import NvsmiCsvReader`` works as usual.

@@ -39,7 +39,7 @@ from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, Silenc
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.control import Control, ControlRefused, EventsReader
-from gpu_triage.serving.metrics import make_registry, render
+from gpu_triage.serving.metrics import MetricsExposition, render
 from gpu_triage.serving.publish import SnapshotHolder
 
 MAX_BODY_BYTES = 64 * 1024
@@ -497,9 +497,13 @@ def create_app(
     if token is not None and not token.strip():
         raise ValueError("the auth token is empty; pass None to disable mutating calls")
     max_age_s = max(STALE_PERIODS * period_s, MIN_STALE_S)
-    registry = metrics_registry if metrics_registry is not None else make_registry(snapshots)
+    # /metrics: the snapshot's exposition is encoded once per published snapshot and content type, the
+    # process_* series at most once a second (MetricsExposition), so a /metrics flood costs bytes sent,
+    # not a render per request; a registry passed in (tests, embedders) is rendered at every scrape.
+    exposition = None
+    if metrics_registry is None:
+        exposition = MetricsExposition(snapshots, process_max_age_s=METRICS_MAX_AGE_S)
     rendered: list[_Rendered] = []  # at most one entry: the latest snapshot's bodies
-    metrics_cache: dict[str, tuple[Snapshot | None, float, bytes, str]] = {}
 
     app = FastAPI(
         title="gpu-watchdog",
@@ -547,7 +551,8 @@ def create_app(
     app.state.snapshots = snapshots
     app.state.auth = _Auth(token)
     app.state.control = control
-    app.state.metrics_registry = registry
+    app.state.metrics_registry = metrics_registry
+    app.state.metrics_exposition = exposition
 
     def latest_or_503() -> Snapshot:
         snapshot = snapshots.latest()
@@ -626,20 +631,11 @@ def create_app(
     async def metrics(request: Request) -> Response:
         """Prometheus exposition (OpenMetrics when the scraper asks for it)."""
         accept = request.headers.get("accept")
-        if metrics_registry is not None:  # a caller's registry: rendered every time
-            body, content_type = render(registry, accept)
-            return Response(body, headers={"Content-Type": content_type})
-        # Rendered once per published cycle (and at most once a second for the process_* metrics) and
-        # shared: a /metrics flood costs bytes sent, not a render per request.
-        snapshot, now_m = snapshots.latest(), time.monotonic()
-        key = accept or ""
-        hit = metrics_cache.get(key)
-        if hit is not None and hit[0] is snapshot and now_m - hit[1] < METRICS_MAX_AGE_S:
-            return Response(hit[2], headers={"Content-Type": hit[3]})
-        body, content_type = render(registry, accept)
-        if len(metrics_cache) >= 8:  # a few Accept variants (text, OpenMetrics); a bounded dict
-            metrics_cache.clear()
-        metrics_cache[key] = (snapshot, now_m, body, content_type)
+        if exposition is not None:
+            body, content_type = exposition.render(accept)
+        else:
+            assert metrics_registry is not None
+            body, content_type = render(metrics_registry, accept)
         return Response(body, headers={"Content-Type": content_type})
 
     def accepted(mode: Mode, armed: bool) -> Response:

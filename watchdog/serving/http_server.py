@@ -47,8 +47,37 @@ class PortInUseError(OSError):
         return str(self.strerror)
 
 
+#: uvicorn's housekeeping tick (the Date header, the exit check). uvicorn ticks every 0.1 s, which
+#: costs an idle daemon ~0.3 % of a core in wake-ups; a stop wakes the loop at once instead.
+TICK_S = 1.0
+
+
 class _ThreadServer(uvicorn.Server):
-    """A uvicorn server that never touches signal handlers (the main loop owns them)."""
+    """A uvicorn server that never touches signal handlers (the main loop owns them) and ticks once a
+    second (:data:`TICK_S`) rather than ten times, woken at once by :meth:`request_exit`."""
+
+    _wake: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864000  # on_tick refreshes the Date header when counter % 10 == 0
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK_S)
+            should_exit = await self.on_tick(counter)
+
+    def request_exit(self, *, force: bool = False) -> None:
+        """Ask the server to stop (from any thread): the loop wakes now, not at its next tick."""
+        self.should_exit = True
+        if force:
+            self.force_exit = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(wake.set)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:  # uvicorn >= 0.29
@@ -252,10 +281,10 @@ class HttpServer:
         if server is None or thread is None:
             self._cleanup()
             return
-        server.should_exit = True
+        server.request_exit()
         thread.join(timeout_s)
         if thread.is_alive():
-            server.force_exit = True
+            server.request_exit(force=True)
             thread.join(1.0)
         if thread.is_alive():
             log.warning("HTTP server thread did not stop within %.1f s", timeout_s + 1.0)

@@ -1,9 +1,13 @@
 """Prometheus exposition of the latest :class:`~gpu_triage.model.snapshot.Snapshot`, rendered at scrape time.
 
 The loop updates no metric objects: a custom collector reads the latest published snapshot when
-Prometheus scrapes and turns it into metric families. Names follow the Prometheus conventions
-(prefix ``gpu_watchdog_``, base units, ``_total`` for counters, ``_timestamp_seconds`` for epoch
-times, one-hot gauges for enumerations).
+Prometheus scrapes and turns it into metric families. :class:`MetricsExposition` (what ``/metrics``
+serves) encodes a snapshot's families once per published snapshot and format and reuses the bytes
+until the loop publishes the next one; only the daemon's own ``process_*`` series are read anew (at
+most once a second for ``/metrics``). prometheus_client's encoders are slow per sample, and a
+snapshot is immutable, so the cached bytes are exactly what a fresh rendering would give. Names
+follow the Prometheus conventions (prefix ``gpu_watchdog_``, base units, ``_total`` for counters,
+``_timestamp_seconds`` for epoch times, one-hot gauges for enumerations).
 
 Labels are chosen to join with NVIDIA dcgm-exporter's series without ``label_replace``
 (docs/dashboards.md, "Beside dcgm-exporter"): per-GPU series carry ``gpu`` (the NVML index, as a
@@ -22,7 +26,8 @@ becomes ``..._watts_watts``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
@@ -453,6 +458,73 @@ def make_registry(snapshots: SnapshotHolder, *, process_metrics: bool = True) ->
     if process_metrics:
         ProcessCollector(registry=registry)
     return registry
+
+
+class _Families:
+    """The one method of a registry the encoders call (``collect``), over families already built."""
+
+    __slots__ = ("_families",)
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+_OPENMETRICS_EOF = b"# EOF\n"
+
+
+class MetricsExposition:
+    """What ``/metrics`` serves: the latest snapshot's families, encoded once per published snapshot
+    and content type (the cache holds the latest snapshot's bodies only), then the daemon's
+    ``process_*`` series, read at each scrape or reused up to ``process_max_age_s``. The output is byte
+    for byte what :func:`render` gives over :func:`make_registry` for the same snapshot and the moment
+    the process series were read."""
+
+    def __init__(
+        self,
+        snapshots: SnapshotHolder,
+        *,
+        process_metrics: bool = True,
+        process_max_age_s: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``process_max_age_s``: reuse the encoded ``process_*`` series this long (0: read them at
+        every scrape)."""
+        self._snapshots = snapshots
+        self._process = ProcessCollector(registry=None) if process_metrics else None
+        self._process_max_age_s = process_max_age_s
+        self._monotonic = monotonic
+        self._process_bodies: dict[str, tuple[float, bytes]] = {}
+        self._cached_snapshot: Snapshot | None = None
+        self._bodies: dict[str, bytes] = {}
+        self.renders = 0
+        """Snapshot encodings so far (a test reads it to see the cache work)."""
+
+    def render(self, accept_header: str | None = None) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept_header or "")
+        snapshot = self._snapshots.latest()
+        if snapshot is not self._cached_snapshot:
+            self._cached_snapshot, self._bodies = snapshot, {}
+        body = self._bodies.get(content_type)
+        if body is None:
+            families = [] if snapshot is None else list(snapshot_metrics(snapshot))
+            body = encoder(_Families(families))
+            self.renders += 1
+            self._bodies = {**self._bodies, content_type: body}  # a new dict: readers never see a half
+        if self._process is None:
+            return body, content_type
+        now_m = self._monotonic()
+        hit = self._process_bodies.get(content_type)
+        if hit is not None and now_m - hit[0] < self._process_max_age_s:
+            process = hit[1]
+        else:
+            process = encoder(_Families(self._process.collect()))
+            self._process_bodies = {**self._process_bodies, content_type: (now_m, process)}
+        if body.endswith(_OPENMETRICS_EOF):  # OpenMetrics: one "# EOF" at the very end
+            body = body[: -len(_OPENMETRICS_EOF)]
+        return body + process, content_type
 
 
 def render(registry: CollectorRegistry, accept_header: str | None = None) -> tuple[bytes, str]:
