@@ -67,9 +67,11 @@ bench: $(FULL_STAMP)
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 # The wheel and the sdist, as a node installs them (docs/operator-guide.md, "Install on a node").
+# Without build isolation: setuptools and wheel come from the [dev] extra already in the venv, so this
+# needs no package index (an isolated build would download setuptools).
 dist: $(BASE_STAMP)
 	rm -rf dist
-	$(PY) -m build --outdir dist .
+	$(PY) -m build --no-isolation --outdir dist .
 	@ls -l dist
 
 lint: $(BASE_STAMP)

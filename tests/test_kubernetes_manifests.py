@@ -134,3 +134,22 @@ def test_service_and_servicemonitor_select_the_daemons_metrics_port() -> None:
     ]
     # the rules' `up{job="gpu-watchdog"}`: the operator names the job after the Service
     assert service["metadata"]["name"] == "gpu-watchdog"
+
+
+def test_the_daemonsets_config_checks_out_with_the_optional_secret_absent(tmp_path: Path) -> None:
+    """The Secret is optional in the DaemonSet, so its file may be missing on a node: check-config (what
+    `run` loads) passes off-cluster, the daemon gets no token (mutations answer 403) and says so."""
+    from gpu_triage.cli.ops import check_config
+    from gpu_triage.config.settings import load_token
+
+    volumes = {v["name"]: v for v in by_kind("DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["token"]["secret"]["optional"] is True
+    path = tmp_path / "config.toml"
+    path.write_text(by_kind("ConfigMap")["data"]["config.toml"])
+    env = {"GPU_WATCHDOG_DAEMON__NODE": "gpu-node-7"}
+    config = load_config(path, env)
+    assert not config.auth.token_file.exists()  # as on a node without the Secret
+    code, lines = check_config(str(path), env)
+    assert code == 0, lines
+    assert any("answer 403" in line and str(config.auth.token_file) in line for line in lines)
+    assert load_token(config) is None

@@ -74,3 +74,26 @@ def test_both_commands_report_the_distributions_version() -> None:
     for parser, prog in ((watchdog_parser(), "gpu-watchdog"), (trainer_parser(), "ft-trainer")):
         (action,) = [a for a in parser._actions if "--version" in a.option_strings]
         assert action.version == f"{prog} {version}"
+
+
+def test_make_dist_builds_offline() -> None:
+    """`make dist` must not need the index: no build isolation (which downloads setuptools), and the
+    backend it then uses comes with the [dev] extra that `make` installs."""
+    import re
+
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^dist:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe is not None
+    assert "-m build --no-isolation" in recipe.group(1)
+    backend = {r.split(">")[0].split("=")[0] for r in _pyproject()["build-system"]["requires"]}
+    dev = {r.split(">")[0].split("=")[0] for r in _pyproject()["project"]["optional-dependencies"]["dev"]}
+    assert backend <= dev and "wheel" in dev
+
+
+def test_no_doc_teaches_an_install_from_pypi() -> None:
+    """gpu-triage is not on PyPI: the docs install the wheel that `make dist` builds."""
+    import re
+
+    docs = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    wrong = re.compile(r"pip install ['\"]?gpu-triage\b")
+    assert [str(p.relative_to(ROOT)) for p in docs if wrong.search(p.read_text())] == []

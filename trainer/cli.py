@@ -361,7 +361,16 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    return int(args._run(args))
+    try:
+        return int(args._run(args))
+    except ModuleNotFoundError as e:  # the base (client-only) wheel: say which extra, exit 2
+        from gpu_triage.cli.extras import missing_extra_hint
+
+        hint = missing_extra_hint("ft-trainer", args.command, e, "trainer")
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        return EXIT_BAD
 
 
 if __name__ == "__main__":

@@ -32,12 +32,19 @@ __all__ = ["GateReport", "Invariant", "equal_steps_verdict", "run_gate"]
 Check = tuple[bool, str]
 
 
+SKIPPED = "skipped: "
+"""The detail of a check that could not run because one it depends on failed (``cache_integrity``):
+shown as SKIP, counted apart from the failures - it is not known to fail, only not yet checked."""
+
+
 @dataclass(frozen=True)
 class Invariant:
     name: str
     ok: bool
     detail: str
     seconds: float
+    skipped: bool = False
+    """Not evaluated: an invariant it depends on failed (``ok`` is False: the gate cannot pass)."""
 
 
 @dataclass
@@ -60,15 +67,25 @@ class GateReport:
         }
 
     def failed(self) -> list[Invariant]:
-        return [i for i in self.invariants if not i.ok]
+        """The invariants that were checked and do not hold (skipped ones are not among them)."""
+        return [i for i in self.invariants if not i.ok and not i.skipped]
+
+    def skipped(self) -> list[Invariant]:
+        return [i for i in self.invariants if i.skipped]
 
     def render(self) -> str:
         width = max((len(i.name) for i in self.invariants), default=10)
         lines = [f"ft-trainer gate: {self.config}" + (" (--deep)" if self.deep else "")]
         for i in self.invariants:
-            lines.append(f"{'PASS' if i.ok else 'FAIL'}  {i.name:<{width}}  {i.seconds:7.3f} s  {i.detail}")
-        bad = self.failed()
-        verdict = "PASS" if self.ok else f"FAIL ({len(bad)} of {len(self.invariants)} invariants failed)"
+            mark = "SKIP" if i.skipped else ("PASS" if i.ok else "FAIL")
+            lines.append(f"{mark}  {i.name:<{width}}  {i.seconds:7.3f} s  {i.detail}")
+        bad, skipped = self.failed(), self.skipped()
+        verdict = "PASS"
+        if not self.ok:
+            verdict = f"FAIL ({len(bad)} of {len(self.invariants)} invariants failed"
+            if skipped:
+                verdict += f", {len(skipped)} not checked until those pass"
+            verdict += ")"
         fp = f", plan {self.fingerprint}" if self.fingerprint else ""
         lines.append(f"gate: {verdict} in {self.seconds:.3f} s{fp}")
         return "\n".join(lines)
@@ -316,7 +333,8 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
         except (OSError, ValueError, KeyError, CacheError, HostfileError) as exc:
             named = isinstance(exc, CacheError | HostfileError)  # their messages already say what and where
             ok, detail = False, str(exc) if named else f"{type(exc).__name__}: {exc}"
-        invariants.append(Invariant(name, ok, detail, time.perf_counter() - t0))
+        skipped = not ok and detail.startswith(SKIPPED)
+        invariants.append(Invariant(name, ok, detail, time.perf_counter() - t0, skipped=skipped))
 
     d, c, spec = cfg.data, cfg.cluster, cfg.model.spec
     model_name = cfg.model.preset or str(cfg.model.path)
@@ -374,7 +392,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
 
     def tokenizer() -> Check:
         if index is None:
-            return False, "skipped: no readable cache manifest"
+            return False, SKIPPED + "no readable cache manifest (see cache_integrity)"
         want = index.manifest["tokenizer"]
         if cfg.model.tokenizer is None:
             if d.mode == "stream":
@@ -395,7 +413,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
 
     def vocab() -> Check:
         if index is None:
-            return False, "skipped: no readable cache manifest"
+            return False, SKIPPED + "no readable cache manifest (see cache_integrity)"
         m = index.manifest
         return token_ids_within_vocab(int(m["max_token_id"]), spec.vocab_size, m["dtype"], m["tokenizer"])
 
@@ -405,7 +423,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
 
         def stream() -> Check:
             if index is None:
-                return False, "skipped: no readable cache manifest"
+                return False, SKIPPED + "no readable cache manifest (see cache_integrity)"
             return stream_source_check(d.source_dir or Path(index.manifest["source"]["root"]), index.shards)
 
         run("stream_source", stream)
@@ -414,7 +432,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
         if index is None or index.problems:
             return (
                 False,
-                "skipped: the cache is not sound (see cache_integrity), so the plan cannot be trusted",
+                SKIPPED + "the cache is not sound (see cache_integrity), so the plan cannot be trusted",
             )
         params = cfg.packing_params()
         plans = [build_epoch_plan(index.doc_lengths, params, e) for e in range(cfg.epochs)]

@@ -436,8 +436,9 @@ def healthy_cases() -> list[Case]:
                 (420.0, lambda w: train(w, interval_s=10.0)),
             ),
             800,
-            Expect("healthy", allowed=HEALTHY),
-            describe="the job dies and is restarted (new pids, same job name) from an earlier step",
+            Expect("healthy", allowed=frozenset({V.HEALTHY, V.GONE})),
+            describe="the job dies (`gone` while no rank runs) and is restarted (new pids, same job name) "
+            "from an earlier step",
         ),
         Case(
             "capped-400w-training-and-save",
@@ -484,7 +485,8 @@ def healthy_cases() -> list[Case]:
                 (420.0, lambda w: (w.set(alive=False), w.set_gpus("idle"))),
             ),
             600,
-            Expect("healthy", allowed=HEALTHY),
+            Expect("healthy", allowed=frozenset({V.HEALTHY, V.DONE})),
+            describe="every rank announces `done` and exits: `done`, never a stall",
         ),
         Case(
             "slow-loader-starving",

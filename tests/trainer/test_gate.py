@@ -67,7 +67,11 @@ def test_sound_job_passes_with_every_invariant(
         "zero3_memory",
     ]
     for inv in rep["invariants"]:
-        assert set(inv) == {"name", "ok", "detail", "seconds"} and inv["seconds"] >= 0
+        assert (
+            set(inv) == {"name", "ok", "detail", "seconds", "skipped"}
+            and inv["seconds"] >= 0
+            and not inv["skipped"]
+        )
     assert len(rep["plan_fingerprint"]) == 16
     # text mode: one PASS line per invariant and a verdict with the time
     assert main(["gate", "--config", str(write_job())]) == 0
@@ -114,6 +118,24 @@ def test_truncated_cache_fails_cache_integrity(
     detail = by_name(rep)["cache_integrity"]["detail"]
     assert f"{victim}: {size - 100} bytes, manifest says {size}: the file is truncated" in detail
     assert by_name(rep)["equal_steps_per_rank"]["detail"].startswith("skipped: the cache is not sound")
+
+
+def test_checks_that_need_the_cache_are_skipped_not_failed(write_job: JobWriter, tmp_path: Path) -> None:
+    """No cache yet: cache_integrity fails and names the command; the three checks that read the cache
+    say SKIP, are counted apart ("not checked"), and the gate still refuses (exit 2)."""
+    from ft_trainer.config import load_config
+    from ft_trainer.gate import run_gate
+
+    report = run_gate(load_config(write_job(data={"cache_dir": str(tmp_path / "no-cache")})))
+    assert not report.ok
+    skipped = {i.name for i in report.skipped()}
+    assert skipped == {"tokenizer_matches_cache", "token_ids_within_vocab", "equal_steps_per_rank"}
+    assert "cache_integrity" in {i.name for i in report.failed()}
+    assert not skipped & {i.name for i in report.failed()}
+    text = report.render()
+    assert "SKIP  equal_steps_per_rank" in text and "FAIL  equal_steps_per_rank" not in text
+    assert f"invariants failed, {len(skipped)} not checked until those pass)" in text
+    assert all(i["skipped"] for i in report.to_json()["invariants"] if i["name"] in skipped)
 
 
 def test_missing_manifest_says_resume(

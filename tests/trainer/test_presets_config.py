@@ -172,6 +172,18 @@ def test_unknown_key_suggests_the_close_one(write_job: JobWriter) -> None:
         load_config(path)
 
 
+def test_a_typo_is_named_with_its_file_and_line(tmp_path: Path) -> None:
+    """tomllib gives no line numbers: the key's line comes from scanning the file's text."""
+    example = (Path(__file__).resolve().parents[2] / "deploy" / "examples" / "tiny-cpu.toml").read_text()
+    lines = example.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("seq_len ="))
+    path = tmp_path / "job.toml"
+    path.write_text("\n".join([*lines[: at + 1], "micro_bach = 2", *lines[at + 1 :]]) + "\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(path)
+    assert f"{path}:{at + 2}: data.micro_bach: unknown key (did you mean 'micro_batch'?)" in str(ei.value)
+
+
 def test_syntax_error_and_missing_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[data\nseq_len = 3\n")

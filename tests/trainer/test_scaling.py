@@ -115,3 +115,29 @@ def test_cli_table_json_and_png(runs: list[Path], tmp_path: Path, capsys: pytest
 
     assert main(["scaling-report", str(tmp_path / "nothing")]) == 2
     assert "not a training run's metrics directory" in capsys.readouterr().err
+
+
+def test_runs_of_different_jobs_are_refused_or_reported_with_a_warning(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two different jobs (another model, another sequence length) give a ratio that is not strong
+    scaling (the issue: 132 % efficiency, said without a word). Refused, naming the difference;
+    --allow-mixed prints it with a warning."""
+    other = write_run(tmp_path / "other", 8, 40_000, mfu=0.4)
+    run = json.loads((other / "run.json").read_text())
+    run |= {"job": "llama-8b-ft", "model": "llama-8b", "seq_len": 2048}
+    (other / "run.json").write_text(json.dumps(run))
+    mixed = [str(runs[1]), str(other)]  # 4 GPUs of one job, 8 GPUs of another
+    assert main(["scaling-report", *mixed]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "error: job differs" in captured.err and "error: model differs" in captured.err
+    assert f"{other}: llama-8b" in captured.err and "--allow-mixed" in captured.err
+
+    assert main(["scaling-report", *mixed, "--allow-mixed"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: model differs" in captured.err and "| 8 | 1 | 40,000 |" in captured.out
+
+    # one job's runs: no word
+    assert main(["scaling-report", *map(str, runs)]) == 0
+    assert capsys.readouterr().err == ""

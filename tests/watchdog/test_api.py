@@ -653,3 +653,19 @@ def test_snapshot_holder_publishes_and_wakes_waiters() -> None:
     assert holder.latest() is got
     assert holder.published_age_s is not None and 0 <= holder.published_age_s < 5.0
     assert holder.wait_for_cycle(4, timeout_s=0.01) is None
+
+
+def test_docs_work_offline_and_point_to_the_openapi_document(client: TestClient) -> None:
+    """FastAPI's default /docs loads Swagger UI from a CDN - blank on an air-gapped node. Ours is one
+    page that loads nothing from anywhere, lists every endpoint and links /openapi.json."""
+    import re
+
+    page = client.get("/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    body = page.text
+    assert "href='/openapi.json'" in body
+    assert not re.search(r"<script|<link|src=|https?://", body), "nothing loaded from the network"
+    spec = client.get("/openapi.json").json()
+    for path in ("/status", "/healthz", "/metrics", "/arm"):
+        assert path in spec["paths"] and f"<code>{path}</code>" in body
+    assert client.get("/redoc").status_code == 404

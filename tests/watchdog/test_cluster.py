@@ -457,6 +457,37 @@ def test_status_of_an_unreachable_daemon_exits_2(capsys: pytest.CaptureFixture[s
     assert json.loads(out)["url"] == dead
 
 
+def test_status_evidence_shows_local_times_and_a_long_cause_keeps_the_verdict_column_narrow() -> None:
+    from datetime import timedelta, timezone
+
+    from gpu_triage.cli.status import MAX_CAUSE_CHARS, render
+
+    now = 1_764_676_800.0  # 2025-12-02 12:00:00 UTC
+    long_cause = "detector_error: " + "x" * 200
+    status = status_document(
+        node_snapshot("node-b", first_rank=8, now=now, spin_since=None, verdict=Verdict.STALLED)
+    )
+    status["jobs"][0]["cause"] = long_cause
+    status["jobs"][0]["evidence"] = {
+        "steps_frozen_since": now - 70.3,
+        "live_leases": {"8": now + 20.0},
+        "step_interval_s": 1.25,
+    }
+    other = dict(status["jobs"][0], job="short", cause=None, evidence={})
+    status["jobs"].append(other)
+    text = render(status, "http://node-b:9410", tz=timezone(timedelta(hours=2), "CEST"))
+    assert "steps_frozen_since: 2025-12-02 13:58:49 CEST (1m10s ago)" in text
+    assert "live_leases: {8: 2025-12-02 14:00:20 CEST (in 20.0 s)}" in text
+    assert "step_interval_s: 1.25" in text  # a duration stays a number
+    assert str(now - 70.3) not in text
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("JOB"))
+    # the VERDICT column is as wide as the cut cause, not the 200-character one
+    assert header.index("ONSET") <= len(JOB) + 2 + len("stalled ()") + MAX_CAUSE_CHARS + 2
+    assert any(line.startswith("short ") for line in lines)
+    assert f"    cause: {json.dumps(long_cause)[:90]}" in text  # cut in the table, given below
+
+
 def test_status_says_what_the_daemon_cannot_judge_and_why() -> None:
     from gpu_triage.cli.status import exit_code, render
 

@@ -14,9 +14,11 @@ from gpu_triage.config.settings import (
     load_config,
     load_secret,
     load_token,
+    missing_token_note,
     override,
     parse_env_value,
     schema_keys,
+    token_file_absent,
 )
 from gpu_triage.model.states import Mode
 from tests.conftest import REPO
@@ -162,10 +164,38 @@ max_kills_per_hour = 1.5
 def test_unknown_keys_and_sections_suggest_the_right_one(tmp_path: Path) -> None:
     path = write(tmp_path, "[daemon]\nperiod = 1.0\n[detectr]\nx = 1\n[classifier.dwell_s]\ncompte = 1\n")
     assert problems(path) == [
-        f"{path}: daemon.period: unknown key (did you mean 'period_s'?)",
-        f"{path}: detectr: unknown key (did you mean 'detector'?)",
-        f"{path}: classifier.dwell_s.compte: unknown key (did you mean 'compute'?)",
+        f"{path}:2: daemon.period: unknown key (did you mean 'period_s'?)",
+        f"{path}:3: detectr: unknown key (did you mean 'detector'?)",
+        f"{path}:6: classifier.dwell_s.compte: unknown key (did you mean 'compute'?)",
     ]
+
+
+def test_a_typo_is_named_with_its_line_even_in_sinks_and_after_multiline_strings(tmp_path: Path) -> None:
+    """tomllib gives no line numbers: the key's line comes from scanning the text (TomlLines)."""
+    from gpu_triage.model.config_schema import TomlLines
+
+    body = (
+        "# comment\n"
+        "[daemon]\n"
+        'node = """multi\n'
+        "mode = not a key\n"
+        '"""\n'
+        "[actions]\n"
+        '  "mdoe" = "kill"   # quoted key\n'
+        "[[alerts.sinks]]\n"
+        'kind = "webhook"\n'
+        'url = "http://127.0.0.1:1/"\n'
+        "[[alerts.sinks]]\n"
+        'kind = "webhook"\n'
+        'urll = "http://127.0.0.1:2/"\n'
+    )
+    path = write(tmp_path, body)
+    lines = TomlLines(body)
+    assert lines.line("daemon.node") == 3 and lines.line("daemon.mode") == 2  # in the string: not a key
+    assert lines.line("alerts.sinks[1].urll") == 13 and lines.line("alerts.sinks[0].url") == 10
+    found = problems(path)
+    assert f"{path}:7: actions.mdoe: unknown key (did you mean 'mode'?)" in found
+    assert any(p.startswith(f"{path}:13: alerts.sinks[1].urll: unknown key") for p in found), found
 
 
 def test_power_only_rule_is_capped_at_180_s(tmp_path: Path) -> None:
@@ -204,11 +234,11 @@ timout_s = 3
 url = "http://x"
 """,
     )
-    assert [p.removeprefix(f"{path}: ") for p in problems(path)] == [
+    assert [p.removeprefix(f"{path}: ").removeprefix(f"{path}:9: ") for p in problems(path)] == [
         "alerts.sinks[0].url: expected exactly one of url and url_file for a slack sink, got nothing",
         "alerts.sinks[1].routing_key_file: expected a path (a pagerduty sink needs a routing key), "
         "got nothing",
-        "alerts.sinks[2].timout_s: unknown key (did you mean 'timeout_s'?)",
+        "alerts.sinks[2].timout_s: unknown key (did you mean 'timeout_s'?)",  # on line 9
         "alerts.sinks[3].kind: expected one of webhook, alertmanager, pagerduty, slack, got nothing",
     ]
 
@@ -293,6 +323,22 @@ def test_token_file_must_not_be_world_readable(tmp_path: Path) -> None:
     token.chmod(0o640)
     assert load_token(config) == "s3cret-value"
     assert load_token(load_config(None, {})) is None
+
+
+def test_a_missing_token_file_is_an_error_unless_declared_optional(tmp_path: Path) -> None:
+    missing = tmp_path / "token"
+    env = {"GPU_WATCHDOG_AUTH__TOKEN_FILE": str(missing)}
+    with pytest.raises(ConfigError, match="cannot read the token file"):
+        load_token(load_config(None, env))
+    optional = load_config(None, {**env, "GPU_WATCHDOG_AUTH__TOKEN_FILE_OPTIONAL": "true"})
+    assert token_file_absent(optional) and load_token(optional) is None
+    assert "answer 403" in missing_token_note(optional)
+    # optional covers absence only: a file that is there must still be sound
+    missing.write_text("s3cret\n")
+    missing.chmod(0o644)
+    assert not token_file_absent(optional)
+    with pytest.raises(ConfigError, match="world-readable"):
+        load_token(optional)
 
 
 def test_secret_file_problems(tmp_path: Path) -> None:

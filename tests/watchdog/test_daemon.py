@@ -20,6 +20,7 @@ from ft_trainer.progress import ProgressWriter
 from gpu_triage.config.settings import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.model.states import GpuState, Verdict
+from gpu_triage.telemetry.none import NoneSource
 from gpu_triage.telemetry.nvml import NvmlSource
 from tests.conftest import REPO, require_binary
 from tests.watchdog import fake_nvml
@@ -231,6 +232,70 @@ def test_port_in_use_exits_2_with_a_clear_message(tmp_path: Path):
         )
     assert r.returncode == 2
     assert f"127.0.0.1:{port} is in use" in r.stderr
+
+
+def _run_none(state: Path, progress: Path, port: int) -> list[str]:
+    return [
+        *GPU_WATCHDOG,
+        "run",
+        "--source",
+        "none",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--state-dir",
+        str(state),
+        "--progress-dir",
+        str(progress),
+    ]
+
+
+def test_a_second_daemon_on_the_same_state_dir_exits_2_naming_the_first(tmp_path: Path):
+    """Two daemons on one state directory would share the event store, the kill budget and the alert
+    outbox: the second refuses to start (a flock on the directory's lock file), naming the holder's pid,
+    and the directory is free again once the first has stopped."""
+    state, progress = tmp_path / "state", tmp_path / "progress"
+    port = free_port()
+    first = subprocess.Popen(
+        _run_none(state, progress, port),
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code, 60, "first up")
+        second = subprocess.run(
+            _run_none(state, progress, free_port()), cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert f"{state} is in use by another gpu-watchdog (pid {first.pid}" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        assert stop(first) == 0, first.stdout.read()[-3000:]
+    # the lock died with the first: a restart on the same directory is no "second daemon"
+    again = Daemon(
+        override(
+            load_config(None, {}),
+            {"daemon.state_dir": str(state), "progress.dir": str(progress), "daemon.source": "none"},
+            origin="test",
+        ),
+        NoneSource(),
+        serve_http=False,
+    )
+    again.start()
+    again.close()
+
+
+def test_an_uncreatable_state_dir_exits_2_naming_it(tmp_path: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory\n")
+    state = blocker / "state"
+    r = subprocess.run(
+        _run_none(state, tmp_path / "p", free_port()), cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"daemon.state_dir: cannot create the state directory {state}: Not a directory" in r.stderr
 
 
 def test_wedged_gpu_keeps_healthz_answering_and_raises_telemetry_lost(tmp_path: Path):

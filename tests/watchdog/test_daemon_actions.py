@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -189,3 +190,93 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
     else:
         assert "mode=alert" in line("refusal job=qwen3-32b-ft no sigterm: not_armed")
         assert not [x for x in lines if x.startswith("kill ")]
+
+
+@pytest.mark.slow
+def test_a_job_the_daemon_killed_reads_killed_and_pages_nothing_new(tmp_path: Path):
+    """After the kill the job is ``killed`` - never ``stalled`` (a new GpuTrainingStalled page for the
+    job the daemon just ended) nor ``healthy``. The ranks are real processes with a rank environment
+    that the test does not reap at once (as `make demo`'s launcher): dead, their pids linger as
+    zombies and their last progress records (one rank in epoch_end, one frozen in train) stay readable.
+    The receiver is a real loopback server; every page it gets is the deadlock's, fired then resolved."""
+    from ft_trainer.progress import ProgressWriter
+    from gpu_triage.telemetry.none import NoneSource
+    from tests.corpus.live import spawn_rank
+
+    Receiver.posts = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    job = f"killed-{os.getpid()}"
+    ranks = [spawn_rank(r, 2, job) for r in range(2)]
+    progress = tmp_path / "progress"
+    host = socket.gethostname()
+    writers = [
+        ProgressWriter(job, r, r, 2, directory=progress, pid=p.pid, host=host) for r, p in enumerate(ranks)
+    ]
+    for w in writers:
+        w.phase("train")
+    config = override(
+        load_config(None, {}),
+        {
+            "daemon.listen": "127.0.0.1:0",
+            "daemon.state_dir": str(tmp_path / "state"),
+            "daemon.period_s": 0.5,
+            "progress.dir": str(progress),
+            "actions.mode": "kill",
+            "actions.capture_after_s": 0.0,
+            "actions.alert_after_s": 0.0,
+            "actions.capture_timeout_s": 5.0,
+            "actions.sigterm_after_s": 1.0,
+            "actions.sigkill_grace_s": 2.0,
+            "detector.fast_min_s": 2.0,
+            "detector.disagree_min_s": 2.0,
+            "detector.stall_min_s": 2.0,
+            "detector.confirm_after_s": 3.0,
+            "stacks.enabled": False,
+        },
+        origin="test",
+    )
+    sink = SinkConfig(kind="webhook", name="hook", url=f"http://127.0.0.1:{server.server_port}/hook")
+    config = replace(config, alerts=replace(config.alerts, sinks=(sink,), retry_initial_s=0.2))
+    daemon = Daemon(config, NoneSource(), serve_http=False)
+    daemon.start()
+    loop = threading.Thread(target=daemon.run_forever, daemon=True)
+    loop.start()
+    verdicts: list[str] = []
+
+    def watch(seconds: float, until=lambda: False) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not until():
+            snap = daemon.snapshots.latest()
+            mine = [j for j in (snap.jobs if snap else ()) if j.job == job]
+            if mine and (not verdicts or verdicts[-1] != mine[0].verdict):
+                verdicts.append(str(mine[0].verdict))
+            time.sleep(0.2)
+
+    try:
+        for step in range(1, 6):
+            for w in writers:
+                w.step(step)
+            time.sleep(1.0)
+        writers[0].phase("epoch_end", lease_s=120)  # rank 1 stays in train: the epoch-end deadlock
+        watch(90, until=lambda: not any(_alive(p.pid) for p in ranks))
+        assert not any(_alive(p.pid) for p in ranks), f"the daemon did not kill the job: {verdicts}"
+        watch(12)  # unreaped: zombies with their last records, as the demo's ranks are
+        for p in ranks:
+            p.wait(timeout=10)
+        watch(6)  # reaped: the files' pids are gone; the inspector still remembers the ranks
+    finally:
+        daemon.stop()
+        loop.join(15)
+        daemon.close()
+        server.shutdown()
+        for p in ranks:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert "deadlock_confirmed" in verdicts, verdicts
+    after = verdicts[verdicts.index("deadlock_confirmed") + 1 :]
+    assert after and set(after) == {"killed"}, verdicts
+    pages = [body for _, _, body in Receiver.posts]
+    assert pages and {p["condition"] for p in pages} == {"deadlock"}, pages
+    assert pages[-1]["status"] == "resolved", pages[-1]

@@ -194,6 +194,17 @@ def test_phase_disagreement_is_the_epoch_end_deadlock_even_with_a_live_lease():
     out = drive(Job(), script, 400)
     t_s, onset = first(out, Verdict.DEADLOCK_SUSPECTED)
     assert onset <= 200 and t_s - onset <= 30
+    # The epoch_end ranks' lease is the disagreement itself, not evidence against the hang: `against`
+    # is empty, as the runbook says of a deadlock verdict (the lease is kept as context).
+    job, det = Job(), Detector(DetectorConfig())
+    for t in range(0, 260):
+        script(float(t), job)
+        gpus, jobs = job.views()
+        (status,) = det.update(float(t), gpus, jobs)
+    assert status.verdict in (Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED)
+    assert status.evidence["against"] == [], status.evidence["findings"]
+    lease = [x for x in status.evidence["findings"] if x["signal"] == "live_lease"]
+    assert lease and lease[0]["stance"] == "context" and lease[0]["ranks"] == [0, 1, 2, 3]
 
 
 def test_every_rank_outliving_its_epoch_end_lease_with_spinning_gpus_is_hung():
@@ -444,6 +455,60 @@ def test_step_timing_rises_at_once_and_comes_down_slowly():
     t.observe_first_step(FirstStep.AFTER_START, 400.0)
     assert t.first_step_budget_s(FirstStep.AFTER_START) == 800.0
     assert t.first_step_budget_s(FirstStep.AFTER_LEASE) == 2.5 * t.interval_s()
+
+
+# -- how a job ended: done, gone, killed (never healthy, never a new stall) ---------------------------
+
+
+def _ranks(phase: str, alive: bool | None, *, lease_until: float | None = None, step: int = 40):
+    return tuple(
+        RankView(
+            rank=r,
+            pid=1000 + r,
+            gpu=r,
+            alive=alive,
+            status="sleeping" if alive else None,
+            step=step,
+            phase=phase,
+            lease_until=lease_until,
+            step_changed_at=0.0,
+            phase_since=0.0,
+            proven=True,
+        )
+        for r in range(2)
+    )
+
+
+def _judge(ranks, *, signalled: frozenset[int] = frozenset(), now: float = 100.0):
+    gpus = [GpuView(g, GpuState.IDLE, 0.0) for g in range(2)]
+    job = JobView("j", ranks, has_progress=True, world_size=2, signalled_pids=signalled)
+    (status,) = Detector(DetectorConfig()).update(now, gpus, [job])
+    return status
+
+
+def test_a_job_that_announced_done_reads_done_while_its_lease_holds_and_after_it_exits():
+    assert _judge(_ranks("done", True, lease_until=130.0)).verdict is Verdict.DONE
+    assert _judge(_ranks("done", False)).verdict is Verdict.DONE
+    # still running long past its `done` lease: the usual after_done stall, not "done"
+    late = _judge(_ranks("done", True, lease_until=10.0), now=400.0)
+    assert late.verdict not in (Verdict.DONE, Verdict.HEALTHY)
+
+
+def test_a_job_whose_ranks_all_exited_reads_gone_and_is_never_kill_worthy():
+    status = _judge(_ranks("train", False))
+    assert status.verdict is Verdict.GONE and not status.kill_worthy and status.cause == "exited"
+    # one rank still running: not gone
+    mixed = (*_ranks("train", False)[:1], *_ranks("train", True)[1:])
+    assert _judge(mixed).verdict is not Verdict.GONE
+
+
+def test_ranks_the_daemon_signalled_read_killed_from_the_sigterm_on_and_a_relaunch_does_not():
+    pids = frozenset({1000, 1001})
+    dying = _judge(_ranks("train", True), signalled=pids)
+    assert dying.verdict is Verdict.KILLED and not dying.kill_worthy
+    assert _judge(_ranks("train", False), signalled=pids).verdict is Verdict.KILLED
+    # the same job name relaunched: new pids, judged afresh
+    assert _judge(_ranks("train", True), signalled=frozenset({7, 8})).verdict is Verdict.HEALTHY
 
 
 # -- issue 19: slow that never ends, jobs that cannot be judged ----------------------------------

@@ -246,7 +246,9 @@ def test_item2_store_falls_back_to_memory_then_reattaches_with_everything(tmp_pa
 
 
 def test_item2_daemon_without_a_writable_store_still_has_an_action_engine(tmp_path: Path) -> None:
-    (tmp_path / "state").write_text("not a directory")
+    # the state directory is there (an uncreatable one exits 2: test_daemon.py) but its database
+    # cannot be opened - as on a disk that filled up: the store runs on memory
+    (tmp_path / "state" / "events.sqlite3").mkdir(parents=True)
     daemon = daemon_for(tmp_path, **{"actions.mode": "alert"})
     daemon.start()
     try:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE, render_rules, rule_links
-from gpu_triage.model.states import Verdict
+from gpu_triage.model.states import ENDED_VERDICTS, Verdict
 from gpu_triage.serving.metrics import METRIC_NAMES
 from tests.conftest import REPO, require_binary
 
@@ -27,7 +27,11 @@ RULE_TESTS = PROMETHEUS / "gpu-watchdog.rules.test.yml"
 OPERATOR_GUIDE = REPO / "docs" / "operator-guide.md"
 
 #: Verdicts that are a problem to alert on (healthy and an announced checkpoint are not).
-ALERTED_VERDICTS = {v.value for v in Verdict} - {Verdict.HEALTHY.value, Verdict.CHECKPOINT.value}
+ALERTED_VERDICTS = {v.value for v in Verdict} - {
+    Verdict.HEALTHY.value,
+    Verdict.CHECKPOINT.value,
+    *(v.value for v in ENDED_VERDICTS),  # the job has ended: nothing to page about
+}
 #: Runbook anchors that are not verdicts.
 OTHER_RUNBOOKS = {"daemon_down", "rank_step_lag", "input_errors", "gpu_held_idle"}
 

@@ -308,7 +308,7 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
                     n.say(line, good=False if job["verdict"].startswith("deadlock") else None)
                     last_line = line
                 if job["verdict"] == "deadlock_suspected" and "suspected" not in seen:
-                    seen["suspected"] = time.time()
+                    seen["suspected"] = job.get("raised") or time.time()  # the daemon's time, not the poll
                     seen["onset"] = job["onset"]
                     summary["signals"] = job["evidence"].get("signals", [])
                     summary["evidence"] = {
@@ -323,7 +323,7 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
                         )
                     }
                 if job["verdict"] == "deadlock_confirmed" and "confirmed" not in seen:
-                    seen["confirmed"] = time.time()
+                    seen["confirmed"] = job.get("raised") or time.time()
             for e in _events(base):
                 if e.get("job") != JOB:  # a shared machine's other jobs have events too
                     continue
@@ -441,6 +441,27 @@ def _rel(t: float | None, onset: float) -> float | None:
     return None if t is None else round(t - onset, 1)
 
 
+TIMELINE_LABELS = (
+    ("detection", "deadlock_suspected raised"),
+    ("evidence", "evidence bundle written"),
+    ("alert_delivered", "alert seen in Alertmanager"),
+    ("confirmed", "deadlock_confirmed"),
+    ("sigterm", "SIGTERM to the job's group"),
+    ("alert_resolved", "alert resolved"),
+)
+
+
+def timeline_rows(times: dict[str, float | None]) -> list[tuple[str, float | None]]:
+    """The summary's milestones sorted by when they happened (ties keep the story's order); those
+    that never happened last."""
+    order = {key: i for i, (key, _label) in enumerate(TIMELINE_LABELS)}
+    rows = sorted(
+        TIMELINE_LABELS,
+        key=lambda kl: (times.get(kl[0]) is None, times.get(kl[0]) or 0.0, order[kl[0]]),
+    )
+    return [(label, times.get(key)) for key, label in rows]
+
+
 def _print_summary(n: Narrator, s: dict[str, Any]) -> None:
     n.step("Summary")
     t = s.get("times_s", {})
@@ -449,16 +470,9 @@ def _print_summary(n: Narrator, s: dict[str, Any]) -> None:
         return "-" if v is None else f"{v:+.1f} s"
 
     print(f"  gate refused the plan:           exit {s['gate']['exit']} in {s['gate']['seconds']:.1f} s")
-    print("  from the hang's onset (the last step any train rank made):")
-    for key, label in (
-        ("detection", "deadlock_suspected raised"),
-        ("evidence", "evidence bundle written"),
-        ("alert_delivered", "alert seen in Alertmanager"),
-        ("confirmed", "deadlock_confirmed"),
-        ("sigterm", "SIGTERM to the job's group"),
-        ("alert_resolved", "alert resolved"),
-    ):
-        print(f"    {label:<34} {fmt(t.get(key))}")
+    print("  from the hang's onset (the last step any train rank made), in the order they happened:")
+    for label, value in timeline_rows(t):
+        print(f"    {label:<34} {fmt(value)}")
     print(f"  job killed: {s.get('job_killed')}; equalized job exit codes: {s.get('equalized_exit_codes')}")
     print(f"  signals behind the verdict: {', '.join(s.get('signals', [])) or '-'}")
     print(

@@ -125,18 +125,42 @@ def add_scaling_report(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     p.add_argument("--png", type=Path, help="write the plots here")
     p.add_argument("--skip-steps", type=int, default=None, help="logged steps to skip (default: 10%%, >= 1)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="report runs that differ in job, model, seq_len, micro_batch, tokens per step per GPU or "
+        "dtype anyway, with a warning (by default they are refused: their ratio is not strong scaling)",
+    )
     return p
 
 
 def run_scaling_report(args: argparse.Namespace) -> int:
     import json
 
-    from ft_trainer.train.scaling import RunError, load_run, plot_scaling, render_table, scaling_rows
+    from ft_trainer.train.scaling import (
+        RunError,
+        load_run,
+        plot_scaling,
+        render_table,
+        run_differences,
+        scaling_rows,
+    )
 
     try:
         runs = [load_run(r, skip_steps=args.skip_steps) for r in args.runs]
     except RunError as exc:
         print(f"ft-trainer scaling-report: {exc}", file=sys.stderr)
+        return EXIT_BAD
+    differences = run_differences(runs)
+    for line in differences:
+        level = "warning" if args.allow_mixed else "error"
+        print(f"ft-trainer scaling-report: {level}: {line}", file=sys.stderr)
+    if differences and not args.allow_mixed:
+        print(
+            "ft-trainer scaling-report: these runs are not one job at different GPU counts, so speed-up and "
+            "efficiency would compare unrelated throughputs; pass --allow-mixed to report them anyway",
+            file=sys.stderr,
+        )
         return EXIT_BAD
     rows = scaling_rows(runs)
     if args.json:

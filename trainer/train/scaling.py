@@ -10,6 +10,10 @@ all-gathers); MFU likewise. Against the smallest run (the base, ``G0`` GPUs):
 - efficiency = speed-up / ideal (1.0 = perfect strong scaling);
 - hours per epoch = ``tokens per epoch / tokens_per_s / 3600``; GPU-hours per epoch = that x ``G``.
 
+Runs that differ in job, model, sequence length, micro-batch, tokens per step per GPU or dtype are not
+one job's strong scaling (a ratio of two unrelated throughputs can read 132 % efficient): the report
+refuses them, naming what differs, unless ``--allow-mixed`` (then it warns above the table).
+
 The table has the columns of the reference report's 4/8/16-GPU strong-scaling table (GPUs, nodes,
 tokens/s, tokens/s per GPU, speed-up, efficiency) plus step time, MFU and the epoch's cost.
 """
@@ -24,7 +28,16 @@ from typing import Any
 
 from ft_trainer.train.throughput import read_metrics
 
-__all__ = ["RunError", "RunSummary", "ScalingRow", "load_run", "plot_scaling", "render_table", "scaling_rows"]
+__all__ = [
+    "RunError",
+    "RunSummary",
+    "ScalingRow",
+    "load_run",
+    "plot_scaling",
+    "render_table",
+    "run_differences",
+    "scaling_rows",
+]
 
 
 class RunError(ValueError):
@@ -44,6 +57,36 @@ class RunSummary:
     step_time_s: float
     mfu: float | None
     steps_used: int
+    job: str | None = None
+    seq_len: int | None = None
+    micro_batch: int | None = None
+    dtype: str | None = None
+
+    def comparable(self) -> dict[str, Any]:
+        """What must agree between runs for their ratio to be strong scaling (None: not recorded)."""
+        return {
+            "job": self.job,
+            "model": self.model if self.model != "?" else None,
+            "seq_len": self.seq_len,
+            "micro_batch": self.micro_batch,
+            "tokens per step per GPU": self.tokens_per_step // self.gpus if self.gpus else None,
+            "dtype": self.dtype,
+        }
+
+
+def run_differences(runs: list[RunSummary]) -> list[str]:
+    """How the runs differ in what makes their throughputs comparable (job, model, sequence length,
+    micro-batch, tokens per step per GPU, dtype), one line per field; empty when they agree. A field a
+    run did not record is not compared."""
+    out: list[str] = []
+    if len(runs) < 2:
+        return out
+    for key in runs[0].comparable():
+        values = {r.path: r.comparable()[key] for r in runs if r.comparable()[key] is not None}
+        if len(set(values.values())) > 1:
+            shown = ", ".join(f"{path}: {value}" for path, value in values.items())
+            out.append(f"{key} differs ({shown})")
+    return out
 
 
 def steady_steps(records: list[dict[str, Any]], skip_steps: int | None = None) -> list[dict[str, Any]]:
@@ -90,6 +133,10 @@ def load_run(path: Path, *, skip_steps: int | None = None) -> RunSummary:
         step_time_s=step_s,
         mfu=statistics.median(mfus) if mfus else None,
         steps_used=len(steps),
+        job=str(run["job"]) if run.get("job") is not None else None,
+        seq_len=int(run["seq_len"]) if run.get("seq_len") is not None else None,
+        micro_batch=int(run["micro_batch"]) if run.get("micro_batch") is not None else None,
+        dtype=str(run["dtype"]) if run.get("dtype") is not None else None,
     )
 
 

@@ -320,6 +320,8 @@ class ActionEngine:
         self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
         self._episodes: dict[str, _Episode] = {}
         self._kills: dict[str, _Kill] = {}
+        self._signalled: dict[str, tuple[float, frozenset[int]]] = {}
+        """job -> (when, pids) of the last real kill: the detector calls those ranks ``killed``."""
         self._absent_since: dict[str, float] = {}
         captures = self._kv_get(KV_CAPTURES, {})
         self._last_capture: dict[str, float] = {
@@ -403,6 +405,17 @@ class ActionEngine:
         if records:
             self._commit(records)
         return records
+
+    def signalled_pids(self, job: str, now: float | None = None) -> frozenset[int]:
+        """The pids of ``job`` this engine has signalled (SIGTERM, the kill hook, scancel) in the last
+        hour, from the moment the SIGTERM rung started; empty for a dry run."""
+        entry = self._signalled.get(job)
+        if entry is None:
+            return frozenset()
+        if (self.clock() if now is None else now) - entry[0] >= KILL_WINDOW_S:
+            del self._signalled[job]
+            return frozenset()
+        return entry[1]
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the workers; results that arrive in time are recorded. Undelivered alerts stay in the
@@ -976,6 +989,8 @@ class ActionEngine:
             self._kill_times.append(now)
             self._kv_set(KV_KILLS, self._kill_times, now)
         ep.kill_started = True
+        if not a.dry_run:
+            self._signalled[job.job] = (now, frozenset(pids))
         k = _Kill(job.job, bool(a.kill_hook), a.dry_run, "term_running", alert_key=ep.alert_key)
         k.counted_at = None if a.dry_run else now
         self._kills[job.job] = k

@@ -71,7 +71,7 @@ _gpu_count = _positive(int, "a GPU count", MAX_GPUS)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S
+    from gpu_triage.triage import DEFAULT_DEADLOCK_AFTER_S  # numpy-free: the base install parses too
 
     parser = argparse.ArgumentParser(
         prog="gpu-watchdog",
@@ -444,6 +444,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except ModuleNotFoundError as e:  # the base (client-only) wheel: say which extra, exit 2 not 1
+        from gpu_triage.cli.extras import missing_extra_hint
+
+        hint = missing_extra_hint("gpu-watchdog", args.command, e, "daemon")
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

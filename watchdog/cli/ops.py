@@ -100,7 +100,14 @@ def cmd_evidence_report(args: argparse.Namespace) -> int:
 
 def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list[str]]:
     """``(exit code, lines)`` for ``check-config`` (pure apart from reading the files)."""
-    from gpu_triage.config.settings import ConfigError, load_config, load_secret, resolve_config_path
+    from gpu_triage.config.settings import (
+        ConfigError,
+        load_config,
+        load_secret,
+        missing_token_note,
+        resolve_config_path,
+        token_file_absent,
+    )
     from gpu_triage.daemon.loop import start_checks
 
     path = resolve_config_path(Path(config_arg) if config_arg else None)
@@ -125,11 +132,12 @@ def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list
                     problems.extend(f"alerts.sinks[{i}].{attr}: {p}" for p in e.problems)
     if problems:
         return EXIT_BAD, [*problems, f"{where}: {len(problems)} problem(s)"]
+    notes = [f"note: {missing_token_note(config)}"] if token_file_absent(config) else []
     summary = (
         f"{where}: ok (node {config.daemon.node}, mode {config.actions.mode}, "
         f"listen {config.daemon.listen}, state {config.daemon.state_dir})"
     )
-    return EXIT_OK, [summary]
+    return EXIT_OK, [*notes, summary]
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

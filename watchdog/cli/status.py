@@ -34,6 +34,12 @@ from gpu_triage.cli.cluster import (
 
 DEFAULT_URL = "http://127.0.0.1:9410"
 MAX_EVIDENCE_CHARS = 100
+MAX_CAUSE_CHARS = 60
+"""The cause shown beside the verdict in the jobs table; longer ones are cut (the evidence has all)."""
+TIME_KEY_SUFFIXES = ("_since", "_at", "_until", "onset")
+TIME_MAP_KEYS = frozenset({"live_leases", "expired_leases"})
+EPOCH_FLOOR_S = 1e9
+"""Numbers above this under a time key are epoch seconds (2001 on); smaller ones are durations."""
 LAG_STEPS = 1
 """A rank more than this many steps behind the job's furthest rank here is named as lagging."""
 MAX_LAGGING_SHOWN = 8
@@ -69,9 +75,12 @@ def _ratio(value: Any) -> str:
 
 
 def _since(epoch: Any, now: Any, tz: tzinfo | None = None) -> str:
+    """Local time with its age, or how far ahead (a lease's end): ``... (1m10s ago)``, ``... (in 20.0 s)``."""
     if epoch is None:
         return "-"
-    age = f" ({duration(now - epoch)} ago)" if now is not None else ""
+    age = ""
+    if now is not None:
+        age = f" ({duration(now - epoch)} ago)" if now >= epoch else f" (in {duration(epoch - now)})"
     return f"{local(epoch, tz)}{age}"
 
 
@@ -102,9 +111,38 @@ def _steps(job: dict[str, Any]) -> str:
     return str(high) if low == high else f"{low}..{high}"
 
 
-def _evidence_value(value: Any) -> str:
+def _is_epoch(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > EPOCH_FLOOR_S
+
+
+def _is_time_key(key: str) -> bool:
+    """Evidence keys whose values are epoch seconds (``steps_frozen_since``, ``live_leases``...)."""
+    return key.endswith(TIME_KEY_SUFFIXES) or key in TIME_MAP_KEYS
+
+
+def _evidence_value(key: str, value: Any, now: Any = None, tz: tzinfo | None = None) -> str:
+    """One evidence entry as text; epoch seconds as local times with their age (the promise of the
+    module docstring), also inside a per-rank map such as ``live_leases``."""
+    if _is_time_key(key):
+        if _is_epoch(value):
+            return _since(value, now, tz)
+        if isinstance(value, dict) and value and all(_is_epoch(v) or v is None for v in value.values()):
+            items = [f"{k}: {_since(v, now, tz)}" for k, v in value.items()]
+            text = "{" + ", ".join(items) + "}"
+            return text if len(text) <= 3 * MAX_EVIDENCE_CHARS else text[: 3 * MAX_EVIDENCE_CHARS - 3] + "..."
     text = json.dumps(value, separators=(", ", ": "), default=str)
     return text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 3] + "..."
+
+
+def _verdict_cell(job: dict[str, Any]) -> str:
+    """``verdict (cause)``, the cause cut to keep the column narrow (the evidence block has it whole)."""
+    cause = job.get("cause")
+    if not cause:
+        return str(job["verdict"])
+    cause = str(cause)
+    if len(cause) > MAX_CAUSE_CHARS:
+        cause = cause[: MAX_CAUSE_CHARS - 3] + "..."
+    return f"{job['verdict']} ({cause})"
 
 
 def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str:
@@ -142,7 +180,7 @@ def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str
     job_rows = [
         [
             job["job"],
-            job["verdict"] + (f" ({job['cause']})" if job.get("cause") else ""),
+            _verdict_cell(job),
             _since(job.get("onset"), now, tz),
             _since(job.get("raised"), now, tz),
             str(len(job.get("ranks", []))),
@@ -153,14 +191,20 @@ def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str
     ]
     lines.append(table(["JOB", "VERDICT", "ONSET", "RAISED", "RANKS", "STEPS", "LAGGING"], job_rows))
     for job in status["jobs"]:
-        evidence = job.get("evidence") or {}
+        evidence = dict(job.get("evidence") or {})
+        cause = job.get("cause")
+        if cause and len(str(cause)) > MAX_CAUSE_CHARS:
+            evidence.setdefault("cause", cause)  # cut in the table: whole here
         limits = evidence.get("cannot_judge") or []
         if limits and isinstance(limits, list):
             said = "; ".join(f"{x.get('what')} ({x.get('why')})" for x in limits if isinstance(x, dict))
             lines.append(f"  {job['job']} cannot judge: {said}")
         if evidence:
             lines.append(f"  {job['job']} evidence:")
-            lines.extend(f"    {signal}: {_evidence_value(value)}" for signal, value in evidence.items())
+            lines.extend(
+                f"    {signal}: {_evidence_value(signal, value, now, tz)}"
+                for signal, value in evidence.items()
+            )
     return "\n".join(lines)
 
 

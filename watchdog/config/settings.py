@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpu_triage.alerts.registry import SINK_KINDS
+from gpu_triage.model.config_schema import TomlLines
 from gpu_triage.model.limits import MAX_CONFIG_BYTES, InputTooLarge, read_regular_file
 from gpu_triage.model.states import GpuState, Mode
 
@@ -551,6 +552,13 @@ class AuthConfig:
     token_file: Path | None = field(
         default=None, metadata=meta(optional_path, "bearer token for mutating endpoints")
     )
+    token_file_optional: bool = field(
+        default=False,
+        metadata=meta(
+            boolean,
+            "a missing token_file is no error: mutating calls answer 403 (logged) until it appears",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -669,6 +677,9 @@ def schema_keys() -> list[str]:
 @dataclass
 class _Collector:
     problems: list[str] = field(default_factory=list)
+    path: str | None = None
+    """The config file; its keys' lines are in ``lines`` (unknown keys are reported as FILE:LINE)."""
+    lines: TomlLines = field(default_factory=TomlLines)
 
     def add(self, origin: str, key: str, expected: str, value: Any) -> None:
         self.problems.append(f"{origin}: {key}: expected {expected}, got {show(value)}")
@@ -677,7 +688,14 @@ class _Collector:
         leaf = key.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
-        self.problems.append(f"{origin}: {key}: unknown key{hint}")
+        self.problems.append(f"{self._where(origin, key)}: {key}: unknown key{hint}")
+
+    def _where(self, origin: str, key: str) -> str:
+        """``FILE:LINE`` for a key of the config file (the key's line, or its table's), else ``origin``."""
+        if self.path is None or origin != self.path:
+            return origin
+        line = self.lines.line(key)
+        return f"{origin}:{line}" if line is not None else origin
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
@@ -869,6 +887,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
             raise ConfigError([f"{path}: invalid TOML: {e}"]) from None
         except RecursionError:
             raise ConfigError([f"{path}: invalid TOML: nested too deeply"]) from None
+        errors.path, errors.lines = origin, TomlLines(text)  # tomllib gives no line numbers
         for section, table in raw.items():
             if isinstance(table, dict):
                 for key in table:
@@ -1056,10 +1075,27 @@ def progress_gid(config: Config) -> list[int]:
         return []
 
 
+def token_file_absent(config: Config) -> bool:
+    """``auth.token_file_optional`` is set and the token file does not exist (a Kubernetes Secret
+    marked optional and not created): the daemon runs with mutating calls answering 403."""
+    path = config.auth.token_file
+    return path is not None and config.auth.token_file_optional and not os.path.lexists(path)
+
+
+def missing_token_note(config: Config) -> str:
+    """What the daemon and ``check-config`` say when :func:`token_file_absent` holds."""
+    return (
+        f"auth.token_file: {config.auth.token_file} does not exist (auth.token_file_optional = true): "
+        "mutating calls (POST /arm, /disarm, /silences) answer 403 until it exists and the daemon is "
+        "reloaded (SIGHUP) or restarted"
+    )
+
+
 def load_token(config: Config) -> str | None:
-    """The bearer token for mutating endpoints, or None when ``auth.token_file`` is not set
-    (mutating calls then answer 403)."""
-    if config.auth.token_file is None:
+    """The bearer token for mutating endpoints, or None when ``auth.token_file`` is not set, or is
+    missing while ``auth.token_file_optional`` is true (mutating calls then answer 403). Any other
+    problem with the file - missing when not optional, world-readable, empty - is a ConfigError."""
+    if config.auth.token_file is None or token_file_absent(config):
         return None
     forbidden = [g for g in progress_gid(config) if g != 0]
     return load_secret(config.auth.token_file, "token", forbidden_gids=forbidden)

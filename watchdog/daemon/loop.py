@@ -12,6 +12,7 @@ main thread owns the signals: SIGTERM/SIGINT stop cleanly, SIGHUP reloads the co
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -26,15 +27,24 @@ from typing import Any
 
 from gpu_triage import __version__
 from gpu_triage.classify.tracker import GpuTracker
-from gpu_triage.config.settings import Config, load_config, load_token, override
+from gpu_triage.config.settings import (
+    Config,
+    ConfigError,
+    load_config,
+    load_token,
+    missing_token_note,
+    override,
+    token_file_absent,
+)
 from gpu_triage.daemon.sdnotify import SdNotifier
+from gpu_triage.daemon.state_lock import StateLock
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.clock import Clock, ClockStep, Timeline
 from gpu_triage.model.names import printable
 from gpu_triage.model.samples import TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
-from gpu_triage.model.states import Mode, Verdict
+from gpu_triage.model.states import ENDED_VERDICTS, Mode, Verdict
 from gpu_triage.serving.control import QueuedControl
 from gpu_triage.serving.publish import SnapshotHolder
 from gpu_triage.signals.fleet.facts import JobFacts, local_facts, spin_since_by_gpu
@@ -140,6 +150,7 @@ class Daemon:
         self._persist_errors: dict[str, str] = {}
         self.degraded_cycles = 0
         """Cycles that failed, or in which a job could not be judged or recorded (never only 3 in a row)."""
+        self._state_lock: StateLock | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -151,8 +162,14 @@ class Daemon:
         state_dir = Path(self.config.daemon.state_dir)
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # a full disk: the store runs on memory and reattaches later
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # a wrong path or no permission: say so
+                raise ConfigError(
+                    [f"daemon.state_dir: cannot create the state directory {state_dir}: {e.strerror}"]
+                ) from None
+            # a full disk: the store runs on memory and reattaches later
             log.error("cannot create the state directory %s: %s", state_dir, e)
+        self._take_state_lock(state_dir)
         ev = self.config.events
         try:
             self.store = EventStore(
@@ -182,7 +199,31 @@ class Daemon:
         if self.actions is None:
             self.actions = self._make_actions(state_dir)
         if self.serve_http:
-            self._start_http()
+            try:
+                self._start_http()
+            except BaseException:  # the port is taken: exit 2 without holding the state directory
+                if self._state_lock is not None:
+                    self._state_lock.release()
+                raise
+
+    def _take_state_lock(self, state_dir: Path) -> None:
+        """One daemon per state directory (daemon/state_lock.py): a second exits 2 naming the first."""
+        from gpu_triage.daemon.state_lock import StateDirInUse, acquire
+
+        if not state_dir.is_dir():
+            return  # a full disk kept it from being made: nothing to share yet
+        try:
+            self._state_lock = acquire(state_dir)
+        except StateDirInUse as e:
+            raise ConfigError([str(e)]) from None
+        except OSError as e:
+            raise ConfigError(
+                [f"daemon.state_dir: cannot open the lock file in {state_dir}: {e.strerror}"]
+            ) from None
+        if self._state_lock is None:
+            log.error(
+                "state directory %s: no room for the lock file (a full disk); running unlocked", state_dir
+            )
 
     SILENCES_KEY = "control.silences"
     TIMELINE_KEY = "daemon.timeline"
@@ -336,6 +377,8 @@ class Daemon:
 
         host, _, port = self.config.daemon.listen.rpartition(":")
         token = load_token(self.config)
+        if token_file_absent(self.config):
+            log.warning("%s", missing_token_note(self.config))
         app = create_app(
             snapshots=self.snapshots,
             events=self.store,
@@ -396,6 +439,9 @@ class Daemon:
             self.store.close()
         self.stacks.close()
         self.fleet.close()
+        if self._state_lock is not None:
+            self._state_lock.release()
+            self._state_lock = None
 
     # -- the loop -------------------------------------------------------------------------------
     def run_forever(self) -> None:
@@ -624,6 +670,9 @@ class Daemon:
         self._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in self._process_view.untrusted)])
         jobs = self._with_stacks(now, jobs)
         jobs = self._with_remote(now, jobs)
+        signalled = getattr(self.actions, "signalled_pids", None)
+        if signalled is not None:  # ranks the kill ladder signalled read `killed`, never a new stall
+            jobs = [replace(j, signalled_pids=signalled(j.job, now)) for j in jobs]
         gviews = [
             GpuView(
                 g.gpu,
@@ -697,7 +746,7 @@ class Daemon:
                 now,
                 j.job,
                 pids,
-                urgent=prev is not None and prev not in (Verdict.HEALTHY, Verdict.CHECKPOINT),
+                urgent=prev is not None and prev not in _CALM,
                 blind=not j.has_progress,
                 world_size=world,
             )
@@ -838,7 +887,10 @@ class Daemon:
             from gpu_triage.serving.api import set_token
 
             set_token(self._app, token)  # a rotated token file takes effect now; the old one stops
-            log.info("auth token re-read from %s", new.auth.token_file)
+            if token_file_absent(new):
+                log.warning("%s", missing_token_note(new))
+            else:
+                log.info("auth token re-read from %s", new.auth.token_file)
         self.config = new
         self._event("daemon", {"event": "reloaded", "config": new.origin})
         self.notifier.ready("configuration reloaded")
@@ -908,7 +960,8 @@ def make_fleet(config: Config, clock: Callable[[], float] = time.time) -> FleetP
     )
 
 
-_CALM = (Verdict.HEALTHY, Verdict.CHECKPOINT)
+_CALM = frozenset({Verdict.HEALTHY, Verdict.CHECKPOINT, *ENDED_VERDICTS})
+"""Verdicts that need no urgent look (an ended job is not sampled in a hurry)."""
 
 
 def make_ras(config: Config, clock: Callable[[], float] = time.time) -> RasPoller:

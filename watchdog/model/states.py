@@ -47,12 +47,21 @@ class Verdict(StrEnum):
     """The watchdog has nothing here that could show progress or a hang for this job (no progress
     files, no GPU mapped or readable, no stacks), or only idle GPUs held by live ranks: it says so,
     with what it cannot judge and why in ``cause``, instead of ``healthy``. Alert at most."""
+    DONE = "done"
+    """Every rank announced the end of training (phase ``done``) and has exited or is exiting."""
+    GONE = "gone"
+    """Every rank of the job on this node has exited without announcing ``done`` (a crash, a cancel)."""
+    KILLED = "killed"
+    """The daemon's kill ladder signalled these ranks: the job is ending because the daemon ended it."""
 
 
 VERDICTS: tuple[Verdict, ...] = tuple(Verdict)
 DEADLOCK_VERDICTS = frozenset({Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED})
 #: The only verdicts that can lead to a signal (the rest alert at most).
 KILL_WORTHY_VERDICTS = DEADLOCK_VERDICTS
+#: The job has ended (or is ending) on this node: never an alert, never a signal. The job leaves the
+#: snapshot when the process inspector forgets its exited ranks (a minute).
+ENDED_VERDICTS = frozenset({Verdict.DONE, Verdict.GONE, Verdict.KILLED})
 
 
 class Mode(StrEnum):

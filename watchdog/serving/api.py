@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import hmac
+import html
 import json
 import math
 import time
@@ -28,7 +29,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -476,6 +477,35 @@ def set_token(app: FastAPI, token: str | None) -> None:
     app.state.auth = _Auth(token)
 
 
+def offline_docs_html(spec: Mapping[str, Any]) -> str:
+    """``/docs``: every endpoint of the OpenAPI document with its summary, as one HTML page that loads
+    nothing from anywhere (no script, no stylesheet, no CDN), and a link to ``/openapi.json`` for an
+    OpenAPI viewer of your own (Swagger UI, an editor, ``curl``)."""
+    esc = html.escape
+    info = spec.get("info", {})
+    rows = []
+    for path, methods in sorted(spec.get("paths", {}).items()):
+        for method, op in methods.items():
+            summary = op.get("summary") or ""
+            doc = (op.get("description") or "").strip().split("\n\n")[0]
+            secured = " (bearer token)" if op.get("security") else ""
+            rows.append(
+                f"<tr><td><code>{esc(method.upper())}</code></td><td><code>{esc(path)}</code></td>"
+                f"<td>{esc(summary)}{esc(secured)}<br><small>{esc(doc)}</small></td></tr>"
+            )
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{esc(str(info.get('title', '')))} API</title></head><body>"
+        f"<h1>{esc(str(info.get('title', '')))} {esc(str(info.get('version', '')))}</h1>"
+        f"<p>{esc(str(info.get('description', '')))}</p>"
+        "<p>The full OpenAPI document: <a href='/openapi.json'>/openapi.json</a> (open it in any OpenAPI "
+        "viewer; this page loads nothing from the network, so it works on an air-gapped node).</p>"
+        "<table border='1' cellpadding='4'><tr><th>method</th><th>path</th><th>what</th></tr>"
+        + "".join(rows)
+        + "</table></body></html>"
+    )
+
+
 def create_app(
     *,
     snapshots: SnapshotHolder,
@@ -509,7 +539,16 @@ def create_app(
         title="gpu-watchdog",
         version=__version__,
         description="Per-node GPU training watchdog: status, events, metrics and controls.",
+        # FastAPI's /docs and /redoc load Swagger UI / ReDoc from a CDN: a blank page on an air-gapped
+        # node. /docs is a self-contained page instead (offline_docs_html); /openapi.json stays.
+        docs_url=None,
+        redoc_url=None,
     )
+
+    @app.get("/docs", include_in_schema=False)
+    def docs_page() -> HTMLResponse:
+        return HTMLResponse(offline_docs_html(app.openapi()))
+
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
 
     def health() -> tuple[dict[str, Any], int]:

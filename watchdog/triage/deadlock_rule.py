@@ -40,7 +40,6 @@ from typing import Any
 
 from gpu_triage.triage.bursts import Bursts
 
-DEFAULT_DEADLOCK_AFTER_S = 300.0
 ENTRY_WINDOW_S = 60.0
 """GPUs of one job enter (and leave) the band within this long of each other."""
 CADENCE_FACTOR = 2.0

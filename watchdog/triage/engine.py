@@ -24,8 +24,9 @@ from gpu_triage.classify.table_files import match_model, resolve_table
 from gpu_triage.model.limits import MAX_POWER_LIMIT_W, MIN_POWER_LIMIT_W, power_limit_problem
 from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError, RecordingHeader
+from gpu_triage.triage import DEFAULT_DEADLOCK_AFTER_S
 from gpu_triage.triage.bursts import Bursts, BurstTracker
-from gpu_triage.triage.deadlock_rule import DEFAULT_DEADLOCK_AFTER_S, Cadence, Wait, analyse
+from gpu_triage.triage.deadlock_rule import Cadence, Wait, analyse
 
 #: Points kept per GPU for the plot (evenly thinned).
 PLOT_POINTS_PER_GPU = 6000

@@ -222,6 +222,8 @@ class JobView:
     remote: RemoteFacts | None = None
     """Other nodes' facts about the job from Prometheus (``[cluster]``; None: not configured, or
     every rank of the world is on this node). Only completes or vetoes this node's evidence."""
+    signalled_pids: frozenset[int] = frozenset()
+    """Pids of this job the daemon's kill ladder has signalled (SIGTERM, the kill hook, scancel)."""
 
 
 @dataclass
@@ -594,6 +596,16 @@ class Detector:
     # -- decision ---------------------------------------------------------------------------------
     def _decide(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision:
         cfg = self.config
+        ended = self._ended(now, job)
+        if ended is not None:
+            mem.hang_since = mem.stopped_since = None
+            verdict, cause = ended
+            return _Decision(
+                verdict,
+                self._keep_onset(mem, verdict, now),
+                cause,
+                why_not="the job has ended on this node",
+            )
         if f.stopped:
             mem.stopped_since = mem.stopped_since or now
             mem.hang_since = None
@@ -620,6 +632,36 @@ class Detector:
             return _Decision(verdict, onset, None, tuple(signals), kill_worthy=True)
         mem.hang_since = None
         return self._not_hung(now, job, mem, f)
+
+    def _ended(self, now: float, job: JobView) -> tuple[Verdict, str] | None:
+        """``killed``, ``done`` or ``gone`` when the job has ended on this node, else None.
+
+        Only the ranks whose processes the inspector knows count (``alive`` not None; another node's
+        ranks are not judged here). ``killed``: the kill ladder signalled some of them and every one still
+        running is among those - from the SIGTERM on, so the ranks' dying (steps frozen, leases
+        dropped) is never read as a new stall; a relaunch under the same name has new pids.
+        ``done``: every rank announced ``done`` and each one still running holds its live lease (past
+        it, the usual ``after_done`` stall).
+        ``gone``: every process has exited without that announcement.
+        """
+        local = [r for r in job.ranks if r.alive is not None and r.pid is not None]
+        if not local:
+            return None
+        hit = [r for r in local if r.pid in job.signalled_pids]
+        if hit and all(r.pid in job.signalled_pids for r in local if r.alive):
+            alive = sum(1 for r in hit if r.alive)
+            cause = f"signalled_by_watchdog:{alive}_alive" if alive else "signalled_by_watchdog"
+            return Verdict.KILLED, cause
+        phases = [r.phase for r in job.ranks if r.phase is not None]
+        if phases and all(p == "done" for p in phases):
+            grace = self.config.lease_grace_s
+            running = [r for r in local if r.alive]
+            if all(r.lease_until is not None and now <= r.lease_until + grace for r in running):
+                return Verdict.DONE, "announced_done"
+            return None
+        if any(r.alive for r in local):
+            return None
+        return Verdict.GONE, "exited"
 
     def _vetoed(self, f: _Facts, *, asymmetric: bool = False, stacks: bool = False) -> str | None:
         """Evidence against a hang. For the asymmetric signature the odd GPUs may compute (a busy loop)
@@ -1072,8 +1114,15 @@ class Detector:
                     ranks=rk(disagree),
                 )
             )
-        if f.live:
-            out.append(progress(Signal.LIVE_LEASE, "live leases", ranks=rk(f.live)))
+        # A lease speaks for progress - except the leases of ranks that disagree with frozen train
+        # ranks: they are the epoch-end deadlock itself (K1), never evidence against it.
+        split = disagree if disagree and f.train else []
+        excusing = [r for r in f.live if r not in split]
+        if excusing:
+            out.append(progress(Signal.LIVE_LEASE, "live leases", ranks=rk(excusing)))
+        if split:
+            detail = "live leases of the ranks that left train: the disagreement, not progress"
+            out.append(context(Signal.LIVE_LEASE, detail, ranks=rk(split)))
         if f.expired:
             phases = ", ".join(sorted({r.phase or "" for r in f.expired}))
             out.append(hang(Signal.LEASE_EXPIRED, f"{phases} lease outlived", ranks=rk(f.expired)))

@@ -14,7 +14,8 @@ by rank number, else by pid.
 - A rank whose file went *silent* (older than ``stale_after_s``) while its process still lives is
   kept, with its last step: a rank hung for longer than the staleness window is exactly the deadlock
   the daemon exists to report. A rank whose process is gone is dropped (the contract's "stale and
-  ignored").
+  ignored") - unless every process of the job has exited: then their last records stay beside the
+  exited processes, so the detector can say how the job ended (``done``, ``gone``, ``killed``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ def job_views(
         procs = list(processes.get(job, ()))
         by_rank = {p.rank: p for p in procs if p.rank is not None}
         by_pid = {p.pid: p for p in procs}
+        if jp is not None and procs and not any(p.alive for p in procs):
+            # every process of the job has exited: keep what its files said last (a rank that
+            # announced `done`), so the job reads `done`/`gone`/`killed` until the inspector forgets
+            for rank, r in jp.stale.items():
+                if r.stale is StaleReason.PID_GONE and rank not in ranks_prog and rank in by_rank:
+                    ranks_prog[rank] = r
         views = []
         for rank in sorted(set(ranks_prog) | set(by_rank)):
             prog = ranks_prog.get(rank)
