@@ -70,6 +70,7 @@ from gpu_triage.config.settings import ActionsConfig, AlertsConfig
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.actions import Action, Result
+from gpu_triage.model.names import printable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode, Verdict
 from gpu_triage.signals.nccl_ras import client as ras
@@ -262,20 +263,12 @@ class ActionEngine:
         seen: set[str] = set()
         for job in jobs:
             seen.add(job.job)
-            condition = condition_for(job.verdict)
-            ep = self._episodes.get(job.job)
-            if ep is None and condition is None:
-                continue
-            self._absent_since.pop(job.job, None)
-            if ep is not None and ep.condition is not condition:
-                self._end(ep, now, f"verdict is now {job.verdict}", records)
-                ep = None
-            if condition is None:
-                continue
-            if ep is None:
-                ep = self._resume(job, condition, now, records) or self._begin(job, condition, now, records)
-            self._update(ep, job, now, gpus)
-            self._climb(ep, job, now, mode, processes.get(job.job, ()), gpus, silences, progress_dir, records)
+            try:  # an error on one job stays in that job: the others still get their actions
+                self._job_cycle(job, now, mode, processes, gpus, silences, progress_dir, records)
+            except Exception as e:
+                log.exception("action engine failed on job %s", printable(job.job, 200))
+                error = f"{type(e).__name__}: {e}"[:300]
+                records.add(now, Action.ENGINE, Result.ERROR, job=job.job, error=error)
         if self._absent_since or not seen.issuperset(self._episodes):
             for name in [n for n in self._episodes if n not in seen]:
                 since = self._absent_since.setdefault(name, now)
@@ -291,6 +284,32 @@ class ActionEngine:
             self._resume_until = None
             self._resumable.clear()
         self._persist_episodes(now)
+
+    def _job_cycle(
+        self,
+        job: JobStatus,
+        now: float,
+        mode: Mode,
+        processes: Mapping[str, Sequence[RankProcess]],
+        gpus: Sequence[GpuStatus],
+        silences: SilenceBook,
+        progress_dir: Path | None,
+        records: Records,
+    ) -> None:
+        condition = condition_for(job.verdict)
+        ep = self._episodes.get(job.job)
+        if ep is None and condition is None:
+            return
+        self._absent_since.pop(job.job, None)
+        if ep is not None and ep.condition is not condition:
+            self._end(ep, now, f"verdict is now {job.verdict}", records)
+            ep = None
+        if condition is None:
+            return
+        if ep is None:
+            ep = self._resume(job, condition, now, records) or self._begin(job, condition, now, records)
+        self._update(ep, job, now, gpus)
+        self._climb(ep, job, now, mode, processes.get(job.job, ()), gpus, silences, progress_dir, records)
 
     def _climb(
         self,

@@ -8,13 +8,14 @@ import dataclasses
 import logging
 import queue
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpu_triage.actions.episode import KillState
 from gpu_triage.actions.kill import (
     CommandRunner,
     HookError,
+    Identity,
     KillExecutor,
     KillOutcome,
     KillPlan,
@@ -52,11 +53,18 @@ class KillRunner:
         self._results = results
 
     def term(
-        self, k: KillState, pids: list[int], values: dict[str, str], ranks: Sequence[RankClaim] = ()
+        self,
+        k: KillState,
+        pids: list[int],
+        values: dict[str, str],
+        ranks: Sequence[RankClaim] = (),
+        identities: Mapping[int, Identity] | None = None,
     ) -> None:
+        """The SIGTERM rung; ``identities``: the (create time, uid) the inspector proved for each pid,
+        checked again against the process table when the plan is made."""
         outcome: KillOutcome | HookRun | Exception
         try:
-            plan = self.executor.plan(pids)
+            plan = self.executor.plan(pids, identities)
             slurm = None if k.hook or self.actions.kill_via == "signal" else self._slurm_term(k, plan, ranks)
             if slurm is not None:
                 outcome = slurm

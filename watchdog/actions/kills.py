@@ -1,5 +1,5 @@
 """Kill coordination on the loop thread: the SIGTERM rung's checks (armed, the deterministic-hang
-breaker, evidence still being captured, proven targets, the kills-per-hour budget persisted in
+breaker, evidence still being captured, proven targets of one owner, the kills-per-hour budget persisted in
 ``actions.kill_times``), the kill's stages, the SIGKILL rung after ``sigkill_grace_s``, and the workers'
 outcomes turned into records. What the worker runs is :mod:`gpu_triage.actions.kill_runs`."""
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from gpu_triage.actions.captures import rank_targets
 from gpu_triage.actions.episode import Episode, KillState
+from gpu_triage.actions.kill import Identity
 from gpu_triage.actions.kill_runs import KillRunner
 from gpu_triage.actions.ladder import sigkill_step
 from gpu_triage.actions.records import KV_KILLS, KvState, Records
@@ -92,6 +93,18 @@ class KillCoordinator:
             if ep.once_only("no_targets"):
                 records.add(now, action, Result.NO_TARGETS, job=job.job)
             return
+        owners = sorted({p.uid for p in procs if p.alive and p.proof}, key=lambda u: (u is None, u or 0))
+        if len(owners) > 1:  # one job is one owner: never signal a set that mixes users
+            if ep.once_only("mixed_owners"):
+                records.add(
+                    now,
+                    action,
+                    Result.REFUSED,
+                    job=job.job,
+                    pids=pids,
+                    reason=f"the job's processes belong to several users (uids {owners}); not killing",
+                )
+            return
         if not a.dry_run:
             self._kill_times = [t for t in self._kill_times if now - t < KILL_WINDOW_S]
             if len(self._kill_times) >= a.max_kills_per_hour:
@@ -116,7 +129,10 @@ class KillCoordinator:
         self._kills[job.job] = k
         values = {"job": job.job, "node": self.node, "pids": ",".join(map(str, pids))}
         ranks = [(p.pid, p.proof, p.uid) for p in procs if p.alive and p.proof]
-        self.worker.submit(lambda: self.runs.term(k, pids, values, ranks))
+        identities = {
+            p.pid: Identity(p.create_time, p.uid) for p in procs if p.alive and p.proof and p.pid in pids
+        }
+        self.worker.submit(lambda: self.runs.term(k, pids, values, ranks, identities))
         records.add(now, action, Result.STARTED, job=job.job, pids=pids, dry_run=a.dry_run)
 
     # ------------------------------------------------------------------------------ SIGKILL
