@@ -109,7 +109,7 @@ class KillRunner:
         if isinstance(target, SlurmRefusal):
             if self.actions.kill_via == "slurm":
                 empty = KillPlan((), (), {})
-                extra = {"via": "slurm", "refused": target.reason}
+                extra: dict[str, Any] = {"via": "slurm", "refused": target.reason}
                 return KillOutcome("SIGTERM", empty, k.dry_run, (), (), self.clock(), extra=extra)
             if target.slurm_claimed:
                 k.slurm_refused = target.reason

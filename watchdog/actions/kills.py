@@ -5,6 +5,7 @@ outcomes turned into records. What the worker runs is :mod:`gpu_triage.actions.k
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -151,7 +152,7 @@ class KillCoordinator:
                 records.add(now, Action.SIGKILL, Result.DISARMED, job=k.job, mode=str(mode))
                 continue
             k.stage = KillStage.KILL_RUNNING
-            self.worker.submit(lambda k=k: self.runs.kill(k))
+            self.worker.submit(functools.partial(self.runs.kill, k))
 
     def __bool__(self) -> bool:
         return bool(self._kills)
