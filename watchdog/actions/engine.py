@@ -309,9 +309,9 @@ class ActionEngine:
         if ep is None:
             ep = self._resume(job, condition, now, records) or self._begin(job, condition, now, records)
         self._update(ep, job, now, gpus)
-        self._climb(ep, job, now, mode, processes.get(job.job, ()), gpus, silences, progress_dir, records)
+        self._ladder(ep, job, now, mode, processes.get(job.job, ()), gpus, silences, progress_dir, records)
 
-    def _climb(
+    def _ladder(
         self,
         ep: Episode,
         job: JobStatus,
