@@ -87,7 +87,8 @@ from gpu_triage.alerts.model import (
     rfc3339,
 )
 from gpu_triage.alerts.registry import sink_kind
-from gpu_triage.config.settings import ActionsConfig, AlertsConfig
+from gpu_triage.actions.config import ActionsConfig
+from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.snapshot import GpuStatus, JobStatus

@@ -42,6 +42,8 @@ import psutil
 
 from gpu_triage.contract import FIELDS, LEASE_SCOPES, MAX_FILE_BYTES, PHASES, STALE_AFTER_S
 from gpu_triage.model.clock import wall_to_timeline
+from gpu_triage.model.config_checks import number, path_value
+from gpu_triage.model.config_schema import setting
 
 MAX_DEPTH = 4
 """Nesting of JSON arrays/objects a progress file may have (the contract's record is flat: depth 1)."""
@@ -52,6 +54,14 @@ MAX_FILES_PER_JOB = 4096
 """Entries scanned per progress directory / job directory per cycle; the rest is reported, not read."""
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressConfig:
+    """``[progress]``: where the trainers' progress files are and when one is stale."""
+
+    dir: Path = setting(Path("/run/gpu-watchdog/progress"), parse=path_value, doc="trainer progress files")
+    stale_after_s: float = setting(600.0, parse=number(10, 86400), doc="silence after which a file is stale")
 
 
 class ProgressFormatError(ValueError):
