@@ -235,11 +235,13 @@ url = "http://x"
 """,
     )
     assert problems(path) == [  # each at its own line (a missing key: its sink's header)
-        f"{path}:2: alerts.sinks[0].url: expected exactly one of url and url_file for a slack sink, got nothing",
-        f"{path}:4: alerts.sinks[1].routing_key_file: expected a path (a pagerduty sink needs a routing key), "
+        f"{path}:2: alerts.sinks[0].url: expected exactly one of url and url_file for a slack sink, "
         "got nothing",
+        f"{path}:4: alerts.sinks[1].routing_key_file: expected a path (a pagerduty sink needs a routing "
+        "key), got nothing",
         f"{path}:9: alerts.sinks[2].timout_s: unknown key (did you mean 'timeout_s'?)",
-        f"{path}:10: alerts.sinks[3].kind: expected one of webhook, alertmanager, pagerduty, slack, got nothing",
+        f"{path}:10: alerts.sinks[3].kind: expected one of webhook, alertmanager, pagerduty, slack, "
+        "got nothing",
     ]
 
 

@@ -10,7 +10,6 @@ every kind of hang) are the scenario corpus: tests/watchdog/test_verdict_corpus.
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 
 from gpu_triage.model.states import GpuState, Verdict
@@ -304,7 +303,8 @@ def test_the_detector_section_of_the_config_file_is_the_detectors_own_config(tmp
     assert keys and keys <= {f.name for f in dataclasses.fields(DetectorConfig)}
     path = tmp_path / "c.toml"
     path.write_text(
-        '[daemon]\nnode = "n7"\n[detector]\nk_fast = 2.5\n[stacks]\nfrozen_s = 33\n[cluster]\nstale_after_s = 9\n'
+        '[daemon]\nnode = "n7"\n[detector]\nk_fast = 2.5\n'
+        "[stacks]\nfrozen_s = 33\n[cluster]\nstale_after_s = 9\n"
     )
     cfg = detector_config(load_config(path, {}))
     assert type(cfg) is DetectorConfig and cfg.k_fast == 2.5

@@ -13,8 +13,12 @@ from gpu_triage.model.states import Mode
 
 @dataclass(frozen=True, slots=True)
 class EvidenceConfig:
-    retention_days: float = setting(30.0, parse=number(0, 3650, low_open=True), doc="age limit of evidence bundles")
-    max_bundles: int = setting(50, parse=integer(1, 100000), doc="most evidence bundles kept (the oldest go first)")
+    retention_days: float = setting(
+        30.0, parse=number(0, 3650, low_open=True), doc="age limit of evidence bundles"
+    )
+    max_bundles: int = setting(
+        50, parse=integer(1, 100000), doc="most evidence bundles kept (the oldest go first)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +32,15 @@ class ActionsConfig:
     max_kills_per_hour: int = setting(1, parse=integer(0, 100), doc="kills allowed per rolling hour")
     kill_hook: tuple[str, ...] = setting((), parse=argv, doc="command run instead of signals")
     dry_run: bool = setting(False, parse=boolean, doc="log what would be signalled, signal nothing")
-    kill_via: str = setting("auto", parse=choice("auto", "signal", "slurm"), doc="stop a job with signals or Slurm's scancel")
-    slurm_cancel: str = setting("job", parse=choice("job", "step"), doc="scancel the whole job or the ranks' step")
-    slurm_bin_dir: Path | None = setting(None, parse=optional_path, doc="directory of scancel/squeue (default: PATH)")
+    kill_via: str = setting(
+        "auto", parse=choice("auto", "signal", "slurm"), doc="stop a job with signals or Slurm's scancel"
+    )
+    slurm_cancel: str = setting(
+        "job", parse=choice("job", "step"), doc="scancel the whole job or the ranks' step"
+    )
+    slurm_bin_dir: Path | None = setting(
+        None, parse=optional_path, doc="directory of scancel/squeue (default: PATH)"
+    )
 
 
 __all__ = ["ActionsConfig", "EvidenceConfig"]

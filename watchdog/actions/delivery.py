@@ -40,10 +40,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_triage.alerts.config import AlertsConfig, SinkConfig
 from gpu_triage.alerts.model import ALERT_NAMES, Alert
 from gpu_triage.alerts.registry import sink_kind
 from gpu_triage.alerts.sinks.protocol import RenderContext
-from gpu_triage.alerts.config import AlertsConfig, SinkConfig
 from gpu_triage.config.secrets import ConfigError, load_secret
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, OutboxItem, StoreError

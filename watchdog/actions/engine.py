@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.delivery import Delivery
 from gpu_triage.actions.evidence import (
     FLIGHT_RECORDER_WAIT_S,
@@ -75,6 +76,7 @@ from gpu_triage.actions.kill import (
 )
 from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, cancel_id
+from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.alerts.model import (
     Alert,
     Condition,
@@ -87,8 +89,6 @@ from gpu_triage.alerts.model import (
     rfc3339,
 )
 from gpu_triage.alerts.registry import sink_kind
-from gpu_triage.actions.config import ActionsConfig
-from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.snapshot import GpuStatus, JobStatus

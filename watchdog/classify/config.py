@@ -17,7 +17,9 @@ DWELL_STATES = tuple(s.value for s in GpuState if s is not GpuState.UNKNOWN)
 
 @dataclass(frozen=True, slots=True)
 class ClassifierConfig:
-    table: Path | None = setting(None, parse=optional_path, doc="power table file overriding the built-in lookup")
+    table: Path | None = setting(
+        None, parse=optional_path, doc="power table file overriding the built-in lookup"
+    )
     model: str | None = setting(None, parse=optional_text, doc="table model forced for every GPU")
     dwell_s: Mapping[str, float] = setting(
         default_factory=lambda: MappingProxyType({}),

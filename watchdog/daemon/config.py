@@ -90,16 +90,23 @@ def _default_node() -> str:
 class DaemonConfig:
     """``[daemon]``: the node, the telemetry source, the API address, the state directory, the cycle."""
 
-    node: str = setting(default_factory=_default_node, parse=nonempty_text, doc="node name in metrics, alerts and /status")
+    node: str = setting(
+        default_factory=_default_node, parse=nonempty_text, doc="node name in metrics, alerts and /status"
+    )
     source: str = setting("auto", parse=source_spec, doc="telemetry source")
     listen: str = setting("127.0.0.1:9410", parse=listen_address, doc="REST + /metrics address")
-    allowed_hosts: tuple[str, ...] = setting((), parse=host_names, doc="names a request's Host header may use besides addresses and localhost")
+    allowed_hosts: tuple[str, ...] = setting(
+        (), parse=host_names, doc="names a request's Host header may use besides addresses and localhost"
+    )
     state_dir: Path = setting(Path("/var/lib/gpu-watchdog"), parse=path_value, doc="event store and evidence")
     period_s: float = setting(1.0, parse=number(0.1, 60), doc="GPU telemetry period")
     process_period_s: float = setting(1.0, parse=number(0.1, 60), doc="process and progress period")
     nvml_deadline_s: float = setting(0.5, parse=number(0.01, 10), doc="hard deadline of one NVML read")
     log_level: str = setting("info", parse=choice("debug", "info", "warning", "error"), doc="log level")
-    log_format: str = setting("text", parse=choice("text", "json"), doc="log lines: human text or one JSON object each")
+    log_format: str = setting(
+        "text", parse=choice("text", "json"), doc="log lines: human text or one JSON object each"
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -293,8 +300,8 @@ def _assemble(
 
 
 def detector_config(config: Config) -> DetectorConfig:
-    """The detector's config: ``[detector]`` (``config.detector``) with the settings it takes from other sections (``[stacks]``, ``[daemon] node``,
-    ``[cluster] stale_after_s``) filled in."""
+    """The detector's config: ``[detector]`` (``config.detector``) with the settings it takes from
+    other sections (``[stacks]``, ``[daemon] node``, ``[cluster] stale_after_s``) filled in."""
     return dataclasses.replace(
         config.detector,
         stacks=config.stacks,

@@ -56,8 +56,7 @@ from gpu_triage.signals.processes import ProcessInspector, ProgressClaim
 from gpu_triage.signals.progress import ProgressReader, ProgressView
 from gpu_triage.signals.stacks.dumps import StackPhase
 from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
-from gpu_triage.verdicts.detector import Detector, GpuView, JobView
-from gpu_triage.verdicts.detector import DetectorConfig
+from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView
 from gpu_triage.verdicts.fusion import job_views
 
 log = logging.getLogger("gpu_watchdog")

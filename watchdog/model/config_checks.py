@@ -196,8 +196,6 @@ def source_spec(value: Any) -> str:
     raise Invalid(expected)
 
 
-
-
 def enum_value(cls: type[enum.Enum]) -> Checker:
     """One of an enum's values (text), as the member."""
     options = choice(*(str(m.value) for m in cls))

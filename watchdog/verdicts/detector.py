@@ -67,7 +67,6 @@ from gpu_triage.signals.nccl_ras.evidence import RasFacts
 from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import AVAILABLE, StackSummary
 from gpu_triage.signals.stacks.evidence import (
-    StackEvidenceConfig,
     StackFacts,
     asleep_long_enough,
     stack_facts,
@@ -87,29 +86,77 @@ class DetectorConfig:
     it (:mod:`gpu_triage.daemon.config`) and fills the derived fields from ``[stacks]``, ``[daemon] node``
     and ``[cluster] stale_after_s``."""
 
-    fast_min_s: float = setting(15.0, parse=number(1, 600), doc="hung (K1/K2): shortest freeze of the train ranks that counts")
-    k_fast: float = setting(1.5, parse=number(1, 100), doc="... and at least this many learned step intervals")
-    k_remote: float = setting(2.5, parse= number(1, 100), doc="K2 with ranks on other nodes, K5 (asymmetric): this many step intervals")
-    spin_min_s: float = setting(10.0, parse=number(0, 600), doc="every job GPU in the spin band at least this long")
-    stall_min_s: float = setting(60.0, parse=number(1, 3600), doc="stalled/slow: shortest freeze without proof of a hang")
-    k_stall: float = setting(3.0, parse=number(1, 100), doc="... and at least this many learned step intervals")
-    disagree_min_s: float = setting(15.0, parse=number(1, 600), doc="phase disagreement with frozen train ranks")
-    power_only_after_s: float = setting(120.0, parse=number(10, 180), doc="no progress files: spin band (or asymmetric) this long -> stalled")
-    power_only_can_kill: bool = setting(False, parse= boolean, doc="let power alone (no progress files) be kill-worthy: a remote save looks the same")
-    confirm_after_s: float = setting(120.0, parse=number(1, 3600), doc="suspected this long -> deadlock_confirmed")
-    write_active_bytes: float = setting(4 * 2**20, parse=number(0), doc="bytes written within write_window_s = 'writing'")
-    read_active_bytes: float = setting(4 * 2**20, parse=number(0), doc="bytes read within write_window_s = 'reading'")
-    write_window_s: float = setting(10.0, parse=number(1, 600), doc="window for write_active_bytes and read_active_bytes")
+    fast_min_s: float = setting(
+        15.0, parse=number(1, 600), doc="hung (K1/K2): shortest freeze of the train ranks that counts"
+    )
+    k_fast: float = setting(
+        1.5, parse=number(1, 100), doc="... and at least this many learned step intervals"
+    )
+    k_remote: float = setting(
+        2.5,
+        parse=number(1, 100),
+        doc="K2 with ranks on other nodes, K5 (asymmetric): this many step intervals",
+    )
+    spin_min_s: float = setting(
+        10.0, parse=number(0, 600), doc="every job GPU in the spin band at least this long"
+    )
+    stall_min_s: float = setting(
+        60.0, parse=number(1, 3600), doc="stalled/slow: shortest freeze without proof of a hang"
+    )
+    k_stall: float = setting(
+        3.0, parse=number(1, 100), doc="... and at least this many learned step intervals"
+    )
+    disagree_min_s: float = setting(
+        15.0, parse=number(1, 600), doc="phase disagreement with frozen train ranks"
+    )
+    power_only_after_s: float = setting(
+        120.0, parse=number(10, 180), doc="no progress files: spin band (or asymmetric) this long -> stalled"
+    )
+    power_only_can_kill: bool = setting(
+        False,
+        parse=boolean,
+        doc="let power alone (no progress files) be kill-worthy: a remote save looks the same",
+    )
+    confirm_after_s: float = setting(
+        120.0, parse=number(1, 3600), doc="suspected this long -> deadlock_confirmed"
+    )
+    write_active_bytes: float = setting(
+        4 * 2**20, parse=number(0), doc="bytes written within write_window_s = 'writing'"
+    )
+    read_active_bytes: float = setting(
+        4 * 2**20, parse=number(0), doc="bytes read within write_window_s = 'reading'"
+    )
+    write_window_s: float = setting(
+        10.0, parse=number(1, 600), doc="window for write_active_bytes and read_active_bytes"
+    )
     lease_grace_s: float = setting(5.0, parse=number(0, 3600), doc="tolerance past an announced lease_until")
-    starvation_after_s: float = setting(30.0, parse=number(1, 3600), doc="sustained starvation -> data_starvation")
+    starvation_after_s: float = setting(
+        30.0, parse=number(1, 3600), doc="sustained starvation -> data_starvation"
+    )
     telemetry_lost_after_s: float = setting(10.0, parse=number(1, 600), doc="failed reads -> telemetry_lost")
-    default_step_interval_s: float = setting(60.0, parse=number(0.01, 3600), doc="step interval assumed until the job's is learned")
-    first_step_default_s: float = setting(600.0, parse=number(1, 86400), doc="first step after a start, before any first step was seen")
+    default_step_interval_s: float = setting(
+        60.0, parse=number(0.01, 3600), doc="step interval assumed until the job's is learned"
+    )
+    first_step_default_s: float = setting(
+        600.0, parse=number(1, 86400), doc="first step after a start, before any first step was seen"
+    )
     k_first: float = setting(2.0, parse=number(1, 100), doc="a first step may take this x the longest seen")
-    interval_decay: float = setting(0.1, parse=number(0, 1), doc="how fast the learned step interval comes down")
-    cpu_contention_ratio: float = setting(0.9, parse=number(0, 64), doc="a starving rank using this share of a core is CPU-bound")
-    slow_max_budgets: float = setting(10.0, parse= number(1, 1000), doc="slow (GPUs computing, steps frozen) this many stall budgets -> stalled")
-    idle_held_after_s: float = setting(300.0, parse= number(10, 86400), doc="no progress files: job GPUs idle with memory held this long -> cannot_judge")
+    interval_decay: float = setting(
+        0.1, parse=number(0, 1), doc="how fast the learned step interval comes down"
+    )
+    cpu_contention_ratio: float = setting(
+        0.9, parse=number(0, 64), doc="a starving rank using this share of a core is CPU-bound"
+    )
+    slow_max_budgets: float = setting(
+        10.0,
+        parse=number(1, 1000),
+        doc="slow (GPUs computing, steps frozen) this many stall budgets -> stalled",
+    )
+    idle_held_after_s: float = setting(
+        300.0,
+        parse=number(10, 86400),
+        doc="no progress files: job GPUs idle with memory held this long -> cannot_judge",
+    )
     stacks: StacksConfig = derived(
         StacksConfig(), doc="stack evidence settings ([stacks] in the config file: frozen_s, fresh_s, ...)"
     )
@@ -550,7 +597,9 @@ class Detector:
 
     def _stack_facts(self, now: float, job: JobView, mem: _JobMemory) -> StackFacts | None:
         alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
-        sf = stack_facts(now, job.stacks, alive, job.world_size, self.config.stacks.evidence(), mem.asleep_since)
+        sf = stack_facts(
+            now, job.stacks, alive, job.world_size, self.config.stacks.evidence(), mem.asleep_since
+        )
         mem.asleep_since = sf.asleep_since if sf is not None else None
         if sf is not None and sf.in_save and not sf.split:
             mem.save_seen_at = now
