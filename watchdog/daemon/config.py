@@ -229,6 +229,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         text, raw = _read_file(path)
     reader = Reader(origin, text)  # tomllib gives no line numbers: the reader scans the text for them
     elsewhere: dict[str, str] = {}  # "section.key" -> the environment variable that set it
+    in_file = set(raw)
 
     for parts, value, name in _env_overrides(env, reader):
         table: Any = raw
@@ -245,7 +246,8 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
             reader.problem("alerts.sinks", "cannot be set from the environment", origin=name)
             continue
         table[parts[-1]] = value
-        elsewhere.setdefault(parts[0], name)
+        if parts[0] not in in_file:  # a section only the environment names
+            elsewhere.setdefault(parts[0], name)
         elsewhere[".".join(parts[:2])] = name
 
     return _assemble(raw, elsewhere, reader, origin, file_keys=_keys_of(raw, elsewhere, origin))
@@ -255,7 +257,7 @@ def _keys_of(raw: Mapping[str, Any], elsewhere: Mapping[str, str], origin: str) 
     """Where each section and key of ``raw`` came from (the file unless ``elsewhere`` says otherwise)."""
     out: dict[str, str] = {}
     for section, table in raw.items():
-        out[section] = elsewhere.get(section, origin) if section in elsewhere else origin
+        out[section] = elsewhere.get(section, origin)
         if isinstance(table, dict):
             for key in table:
                 dotted = f"{section}.{key}"
