@@ -55,7 +55,7 @@ from gpu_triage.actions.config import ActionsConfig, EvidenceConfig
 from gpu_triage.alerts.config import AlertsConfig, SinkConfig
 from gpu_triage.alerts.registry import SINK_KINDS
 from gpu_triage.classify.config import ClassifierConfig
-from gpu_triage.config.secrets import MAX_SECRET_BYTES, ConfigError, load_secret
+from gpu_triage.config.secrets import MAX_SECRET_BYTES, ConfigError, load_secret, secret_group_problem
 from gpu_triage.journal.config import EventsConfig
 from gpu_triage.model.config_checks import (
     SOURCE_NAMES,
@@ -436,6 +436,14 @@ def resolve_config_path(arg: Path | None) -> Path | None:
 # The bearer token.
 
 
+def progress_gid(config: Config) -> list[int]:
+    """The progress directory's group, when it exists (its members are the training users)."""
+    try:
+        return [os.stat(config.progress.dir).st_gid]
+    except OSError:
+        return []
+
+
 def token_file_absent(config: Config) -> bool:
     """``auth.token_file_optional`` is set and the token file does not exist (a Kubernetes Secret
     marked optional and not created): the daemon runs with mutating calls answering 403."""
@@ -458,7 +466,8 @@ def load_token(config: Config) -> str | None:
     problem with the file - missing when not optional, world-readable, empty - is a ConfigError."""
     if config.auth.token_file is None or token_file_absent(config):
         return None
-    return load_secret(config.auth.token_file, "token")
+    forbidden = [g for g in progress_gid(config) if g != 0]
+    return load_secret(config.auth.token_file, "token", forbidden_gids=forbidden)
 
 
 __all__ = [
@@ -489,7 +498,9 @@ __all__ = [
     "missing_token_note",
     "override",
     "parse_env_value",
+    "progress_gid",
     "resolve_config_path",
     "schema_keys",
+    "secret_group_problem",
     "token_file_absent",
 ]
