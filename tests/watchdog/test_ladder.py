@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.episode import Episode
 from gpu_triage.actions.ladder import (
     AlertStep,
@@ -17,7 +18,6 @@ from gpu_triage.actions.ladder import (
     sigkill_step,
 )
 from gpu_triage.alerts.model import Condition
-from gpu_triage.config.settings import ActionsConfig
 from gpu_triage.model.actions import CaptureState
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import Mode, Verdict

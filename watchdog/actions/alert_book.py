@@ -14,14 +14,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.delivery import Delivery
 from gpu_triage.actions.episode import Episode
 from gpu_triage.actions.ladder import next_step_text
 from gpu_triage.actions.records import KV_ACTIVE, KvState, Records
 from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.alerts.model import Alert, build_alert, gpu_hours, resolve
 from gpu_triage.alerts.registry import sink_kind
-from gpu_triage.config.settings import ActionsConfig, AlertsConfig
 from gpu_triage.model.actions import Action, Result
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode

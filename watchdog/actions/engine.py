@@ -56,6 +56,7 @@ from typing import Any
 from gpu_triage.actions import ladder
 from gpu_triage.actions.alert_book import AlertBook
 from gpu_triage.actions.captures import CAPTURE_MIN_INTERVAL_S, CaptureScheduler
+from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.delivery import Delivery
 from gpu_triage.actions.episode import Episode, HangSignatures
 from gpu_triage.actions.evidence import EvidenceCapture, find_nvidia_smi, find_py_spy
@@ -65,8 +66,8 @@ from gpu_triage.actions.kills import KILL_WINDOW_S, KillCoordinator
 from gpu_triage.actions.records import KV_EPISODES, KvState, Records
 from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.actions.worker import CaptureDone, KillDone, TermDone, WorkerResult
+from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.alerts.model import Condition, condition_for, hang_signature, jsonable
-from gpu_triage.config.settings import ActionsConfig, AlertsConfig
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.actions import Action, Result

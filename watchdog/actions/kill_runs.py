@@ -11,6 +11,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.episode import KillState
 from gpu_triage.actions.kill import (
     CommandRunner,
@@ -24,7 +25,6 @@ from gpu_triage.actions.kill import (
 )
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, cancel_id
 from gpu_triage.actions.worker import HookRun, HookSurvivors, KillDone, TermDone, WorkerResult
-from gpu_triage.config.settings import ActionsConfig
 from gpu_triage.model.actions import Result
 from gpu_triage.signals.slurm import SlurmRefusal
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpu_triage.actions.captures import rank_targets
+from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.episode import Episode, KillState
 from gpu_triage.actions.kill import Identity
 from gpu_triage.actions.kill_runs import KillRunner
@@ -17,7 +18,6 @@ from gpu_triage.actions.ladder import sigkill_step
 from gpu_triage.actions.records import KV_KILLS, KvState, Records
 from gpu_triage.actions.worker import HookRun, HookSurvivors, KillDone, OrderedWorker, TermDone
 from gpu_triage.alerts.model import rfc3339
-from gpu_triage.config.settings import ActionsConfig
 from gpu_triage.model.actions import Action, CaptureState, KillStage, Result
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import Mode

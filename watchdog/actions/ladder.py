@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.episode import Episode
 from gpu_triage.alerts.model import Condition, rfc3339
-from gpu_triage.config.settings import ActionsConfig
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import Mode, Verdict
 
