@@ -564,7 +564,7 @@ class ProgressReader:
         files_used: dict[int, int] = {}
         for job_dir, dir_uid in job_dirs:
             try:
-                entries = []
+                entries: list[os.DirEntry[str]] = []
                 budget = min(MAX_FILES_PER_JOB, MAX_ENTRIES_PER_OWNER - entries_used.get(dir_uid, 0))
                 with os.scandir(job_dir.path) as it:
                     for entry in it:
