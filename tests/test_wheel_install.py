@@ -35,8 +35,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def run(*args: str | Path, cwd: Path = REPO, timeout: float = 300) -> str:
+    """Run a command with the caller's PYTHONPATH dropped: a fresh virtualenv sees its own packages only."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     result = subprocess.run(
-        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False, env=env
     )
     assert result.returncode == 0, f"{args}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result.stdout

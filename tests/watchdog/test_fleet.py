@@ -472,3 +472,22 @@ def test_client_answers_a_vector_and_refuses_too_large_too_slow_and_unreachable(
         port = url.rsplit(":", 1)[1]
     with pytest.raises(PromError, match="unreachable"):
         PromClient(f"http://127.0.0.1:{port}", timeout_s=1).query("up")
+
+
+def test_without_steps_the_rank_that_did_not_arrive_is_named_first_whatever_the_samplers_saw_first():
+    """Each node's sampler dates "unchanged since" from its own first dump: node B saw its ranks frozen
+    before node A dumped rank 0 at all. The rank waiting apart from the majority is the one that stopped."""
+    now = 100.0
+    a = JobFacts(
+        "job", "node-a", now - 1, 3, "deadlock_suspected", 40.0, True, False, False,
+        (_remote_rank(0, BARRIER, now - 1, since=45.0),),
+    )  # fmt: skip
+    b = JobFacts(
+        "job", "node-b", now - 1, 3, "stalled", None, False, False, False,
+        (_remote_rank(1, REDUCE, now - 1, since=31.0), _remote_rank(2, REDUCE, now - 1, since=31.0)),
+    )  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(_Facts([a, b]))
+    (job,) = analyse(_samples(generate_latest(registry).decode(), now), now)
+    assert [(r.node, r.rank) for r in job.odd] == [("node-a", 0)]
+    assert (job.first_stopped.node, job.first_stopped.rank) == ("node-a", 0)

@@ -123,13 +123,6 @@ def analyse(samples: Iterable[Sample], now: float) -> tuple[JobWide, ...]:
         stepped = [(n, r) for n, r in ranks if r.step is not None]
         changed = [(n, r) for n, r in stepped if r.step_changed_at is not None]
         stacked = [(n, r) for n, r in ranks if r.stack_same_since is not None]
-        first = None
-        if changed:
-            n, r = min(changed, key=lambda nr: nr[1].step_changed_at or 0.0)
-            first = RankAt(n, r.rank, r.step_changed_at, f"step {r.step}")
-        elif stacked:
-            n, r = min(stacked, key=lambda nr: nr[1].stack_same_since or 0.0)
-            first = RankAt(n, r.rank, r.stack_same_since, r.stack_where or "")
         lagging, lag = None, None
         if stepped:
             n, r = min(stepped, key=lambda nr: (nr[1].step or 0, nr[1].rank))
@@ -145,6 +138,18 @@ def analyse(samples: Iterable[Sample], now: float) -> tuple[JobWide, ...]:
             odd = tuple(
                 RankAt(n, r, None, w) for w, ms in groups[1:] for n, r in sorted(ms, key=lambda m: m[1])
             )
+        first = None
+        if changed:
+            n, r = min(changed, key=lambda nr: nr[1].step_changed_at or 0.0)
+            first = RankAt(n, r.rank, r.step_changed_at, f"step {r.step}")
+        elif stacked:
+            # Without steps, "stopped since" is when each node's sampler first saw the stack unchanged:
+            # nodes sample on their own schedules, so across nodes those times say little. The ranks
+            # that wait somewhere other than the majority are the ones that did not arrive.
+            odd_keys = {(o.node, o.rank) for o in odd}
+            pool = [(n, r) for n, r in stacked if (n, r.rank) in odd_keys] or stacked
+            n, r = min(pool, key=lambda nr: (nr[1].stack_same_since or 0.0, nr[1].rank))
+            first = RankAt(n, r.rank, r.stack_same_since, r.stack_where or "")
         out.append(
             JobWide(
                 job=job,
