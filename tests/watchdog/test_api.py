@@ -16,6 +16,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 
 from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.model.evidence import JobEvidence
 from gpu_triage.model.snapshot import Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.api import GpuDoc, HealthDoc, StatusDoc, create_app
@@ -155,8 +156,8 @@ def test_status_has_every_contract_field(client: TestClient) -> None:
     assert job["verdict"] == "deadlock_suspected"
     assert job["onset"] == T0 - 60.0
     assert job["raised"] == T0 - 20.0
-    assert job["evidence"]["gpus_in_band"] == list(range(8))
-    assert job["evidence"]["phases"] == {"train": list(range(1, 8)), "epoch_end": [0]}
+    assert job["evidence"]["gpus"] == list(range(8))
+    assert job["evidence"]["phases"] == {"0": "epoch_end", **{str(r): "train" for r in range(1, 8)}}
     assert isinstance(job["ranks"], list) and len(job["ranks"]) == 8
     assert job["ranks"][2] == {
         "rank": 2,
@@ -211,7 +212,10 @@ def test_unknown_and_non_finite_values_are_null() -> None:
     lost = replace(
         snap.gpus[1], power_w=None, utilization_ratio=math.nan, state=GpuState.UNKNOWN, temperature_c=math.inf
     )
-    job = replace(snap.jobs[0], evidence={"power_ratio": math.nan, "gpus": (0, 1), "state": GpuState.IDLE})
+    evidence = JobEvidence(
+        gpus=(0, 1), gpu_states={0: GpuState.IDLE}, step_interval_s=math.nan, bytes_read_recently=math.inf
+    )
+    job = replace(snap.jobs[0], evidence=evidence)
     test_client, _ = make_client(replace(snap, gpus=(snap.gpus[0], lost), jobs=(job,)))
     response = test_client.get("/status")
     assert response.status_code == 200
@@ -219,7 +223,9 @@ def test_unknown_and_non_finite_values_are_null() -> None:
     gpu = response.json()["gpus"][1]
     assert (gpu["power_w"], gpu["utilization_ratio"], gpu["temperature_c"]) == (None, None, None)
     assert gpu["state"] == "unknown"
-    assert response.json()["jobs"][0]["evidence"] == {"power_ratio": None, "gpus": [0, 1], "state": "idle"}
+    ev = response.json()["jobs"][0]["evidence"]
+    assert (ev["step_interval_s"], ev["bytes_read_recently"]) == (None, None)
+    assert (ev["gpus"], ev["gpu_states"]) == ([0, 1], {"0": "idle"})
 
 
 # ----------------------------------------------------------------------------------------------------

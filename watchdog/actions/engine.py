@@ -82,7 +82,6 @@ from gpu_triage.alerts.model import (
     condition_for,
     gpu_hours,
     hang_signature,
-    jsonable,
     resolve,
     rfc3339,
 )
@@ -90,6 +89,7 @@ from gpu_triage.alerts.registry import sink_kind
 from gpu_triage.config.settings import ActionsConfig, AlertsConfig
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
+from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode, Verdict
 from gpu_triage.signals.nccl_ras import client as ras

@@ -56,7 +56,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_triage.model.findings import Finding, Signal, Stance, context, hang, progress
+from gpu_triage.model.evidence import CannotJudge, Coverage, JobEvidence
+from gpu_triage.model.findings import Finding, Signal, context, hang, progress
 from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.signals.fleet.fusion import FleetEvidence, FleetState, FusionConfig, fuse
@@ -413,8 +414,8 @@ class Detector:
             verdict=verdict,
             onset=mem.onset if mem is not None else None,
             raised=mem.raised if mem is not None else now,
-            evidence={"detector_error": text},
             cause="detector_error",
+            detector_error=text,
             kill_worthy=False,
         )
 
@@ -442,7 +443,7 @@ class Detector:
         decision = self._decide(now, job, mem, facts)
         if decision.verdict is not mem.verdict:
             mem.verdict, mem.onset, mem.raised = decision.verdict, decision.onset, now
-        evidence = self._evidence(job, facts, mem, findings, decision)
+        evidence = self._evidence(job, facts, decision)
         ranks = _rank_statuses(job)
         return JobStatus(
             job=job.job,
@@ -903,7 +904,7 @@ class Detector:
                 )
         stall = self._stall(now, job, mem, f)
         if stall is not None:
-            onset, cause, signals, steps = stall
+            onset, cause, stall_signals, steps = stall
             if steps and f.working and f.working_since is not None and now - f.working_since < cfg.fast_min_s:
                 return _Decision(Verdict.HEALTHY, None, None, (str(Signal.GPUS_WORKING),))
             if steps and (f.working or (f.reading and not f.dstate)):
@@ -913,7 +914,7 @@ class Detector:
                 if f.dstate:
                     cause = "storage_wait"
             return _Decision(
-                verdict, self._keep_onset(mem, verdict, onset), cause, tuple(signals), why_not=why_not
+                verdict, self._keep_onset(mem, verdict, onset), cause, tuple(stall_signals), why_not=why_not
             )
         if by_stack is not None:
             return by_stack
@@ -928,8 +929,8 @@ class Detector:
         blind = self._cannot_judge(now, job, mem, f)
         if blind is not None:
             return blind
-        signals = (str(Signal.STEPS_ADVANCING),) if f.train and f.frozen_s < 2 * f.interval_s else ()
-        return _Decision(Verdict.HEALTHY, None, None, signals)
+        advancing = f.train and f.frozen_s < 2 * f.interval_s
+        return _Decision(Verdict.HEALTHY, None, None, (str(Signal.STEPS_ADVANCING),) if advancing else ())
 
     @staticmethod
     def _blind_reasons(job: JobView, f: _Facts) -> list[str]:
@@ -1165,83 +1166,69 @@ class Detector:
             out.append(hang(Signal.NCCL_MISSING_RANKS, "NCCL RAS: " + "; ".join(named[:16]), ranks=ranks))
         return out
 
-    def _evidence(
-        self, job: JobView, f: _Facts, mem: _JobMemory, findings: list[Finding], d: _Decision
-    ) -> dict[str, Any]:
-        evidence: dict[str, Any] = {
-            "gpus": [g.gpu for g in f.job_gpus],
-            "gpus_inferred": f.gpus_inferred,
-            "gpu_states": {str(g.gpu): str(g.state) for g in f.job_gpus},
-            "spin_band_since": f.spin_since,
-            "steps": {str(r.rank): r.step for r in job.ranks if r.step is not None},
-            "phases": {str(r.rank): r.phase for r in job.ranks if r.phase is not None},
-            "steps_frozen_since": f.frozen_since if job.has_progress else None,
-            "step_interval_s": round(f.interval_s, 3),
-            "first_step": str(f.first) if f.first is not None else None,
-            "bytes_written_recently": f.writes,
-            "bytes_read_recently": f.reads,
-            "live_leases": {str(r.rank): r.lease_until for r in f.live},
-            "expired_leases": {str(r.rank): r.lease_until for r in f.expired},
-            "nvlink_frozen_since": f.nvlink_frozen,
-            "telemetry": "ok"
-            if f.usable
-            else ("lost" if f.lost else ("none" if not f.job_gpus else "partial")),
-            "coverage": {
-                "visible_ranks": len(job.ranks),
-                "world_size": job.world_size,
-                "unseen_ranks": f.unseen,
-                "lease_scope": job.lease_scope or "rank",
-            },
-            "signals": list(d.signals),
-            "kill_worthy": d.kill_worthy,
-            "findings": [x.to_dict() for x in findings],
-            "against": sorted({str(x.signal) for x in findings if x.stance is Stance.PROGRESS}),
-        }
-        evidence["cannot_judge"] = self._limits(job, f)
-        if f.unmapped and not f.gpus_inferred:
-            evidence["gpus_unknown"] = True
-        if d.why_not and not d.kill_worthy:
-            evidence["not_kill_worthy_because"] = d.why_not
-        if d.cause:
-            evidence["cause"] = d.cause
-        if job.untrusted:
-            evidence["untrusted_progress_files"] = [dict(u) for u in job.untrusted]
-        if job.ras is not None:
-            evidence["nccl_ras"] = job.ras.to_dict()
-        if f.stacks is not None:
-            evidence["stacks"] = f.stacks.to_dict()
-            evidence["stacks_where"] = where(f.stacks)
-        if f.fleet is not None:
-            evidence["fleet"] = f.fleet.to_dict()
-        return evidence
+    def _evidence(self, job: JobView, f: _Facts, d: _Decision) -> JobEvidence:
+        return JobEvidence(
+            gpus=tuple(g.gpu for g in f.job_gpus),
+            gpus_inferred=f.gpus_inferred,
+            gpu_states={g.gpu: g.state for g in f.job_gpus},
+            spin_band_since=f.spin_since,
+            step_by_rank={r.rank: r.step for r in job.ranks if r.step is not None},
+            phase_by_rank={r.rank: r.phase for r in job.ranks if r.phase is not None},
+            steps_frozen_since=f.frozen_since if job.has_progress else None,
+            step_interval_s=f.interval_s,
+            first_step=str(f.first) if f.first is not None else None,
+            bytes_written_recently=f.writes,
+            bytes_read_recently=f.reads,
+            live_lease_until_by_rank={r.rank: r.lease_until for r in f.live},
+            expired_lease_until_by_rank={r.rank: r.lease_until for r in f.expired},
+            nvlink_frozen_since=f.nvlink_frozen,
+            telemetry="ok" if f.usable else ("lost" if f.lost else ("none" if not f.job_gpus else "partial")),
+            coverage=Coverage(
+                visible_ranks=len(job.ranks),
+                world_size=job.world_size,
+                unseen_ranks=f.unseen,
+                lease_scope=job.lease_scope or "rank",
+            ),
+            signals=tuple(d.signals),
+            cannot_judge=self._limits(job, f),
+            gpus_unknown=f.unmapped and not f.gpus_inferred,
+            not_kill_worthy_because=None if d.kill_worthy else d.why_not,
+            untrusted_progress_files=tuple(job.untrusted),
+            nccl_ras=job.ras,
+            stacks=f.stacks,
+            stacks_where=where(f.stacks) if f.stacks is not None else None,
+            stack_phase_by_rank=(
+                {r: str(s.info.phase) for r, s in f.stacks.summary.ranks.items()}
+                if f.stacks is not None
+                else {}
+            ),
+            fleet=f.fleet,
+        )
 
     @staticmethod
-    def _limits(job: JobView, f: _Facts) -> list[dict[str, str]]:
+    def _limits(job: JobView, f: _Facts) -> tuple[CannotJudge, ...]:
         """What this node cannot judge about the job, and why (empty: every signal is there)."""
-        out = []
+        out: list[CannotJudge] = []
         if not job.has_progress:
-            out.append({"what": "steps", "why": "no progress files (no integration)"})
+            out.append(CannotJudge("steps", "no progress files (no integration)"))
         if f.unmapped and not f.gpus_inferred:
             out.append(
-                {
-                    "what": "power",
-                    "why": "no rank is tied to a GPU: the job's GPUs are unknown (a container "
-                    "without host PIDs?)",
-                }
+                CannotJudge(
+                    "power",
+                    "no rank is tied to a GPU: the job's GPUs are unknown (a container without host PIDs?)",
+                )
             )
         elif f.gpus_inferred:
-            out.append(
-                {"what": "power", "why": "no rank is tied to a GPU: the node's GPUs stand in (context)"}
-            )
+            out.append(CannotJudge("power", "no rank is tied to a GPU: the node's GPUs stand in (context)"))
         elif not f.job_gpus:
-            out.append({"what": "power", "why": "no GPU telemetry"})
+            out.append(CannotJudge("power", "no GPU telemetry"))
         elif not f.usable:
-            out.append({"what": "power", "why": "the job's GPUs cannot be read"})
+            out.append(CannotJudge("power", "the job's GPUs cannot be read"))
         sf = f.stacks
         if sf is None or not sf.pattern.sampled:
             why = sf.summary.sampler if sf is not None and sf.summary.sampler != "available" else "none taken"
-            out.append({"what": "stacks", "why": f"no fresh stack ({why})"})
-        return out
+            out.append(CannotJudge("stacks", f"no fresh stack ({why})"))
+        return tuple(out)
 
     @staticmethod
     def _keep_onset(mem: _JobMemory, verdict: Verdict, onset: float | None) -> float | None:
