@@ -16,11 +16,12 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 
 from gpu_triage.actions.silences import SilenceBook
-from gpu_triage.model.evidence import JobEvidence
+from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.snapshot import Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.api import GpuDoc, HealthDoc, StatusDoc, create_app
 from gpu_triage.serving.control import ControlRefused, EventsReader, QueuedControl
+from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.serving.publish import SnapshotHolder
 from tests.watchdog.snapshots import T0, snapshot
 
@@ -179,6 +180,21 @@ def test_status_matches_its_documented_schema(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()["components"]["schemas"]
     assert schema["GpuDoc"]["properties"].keys() >= GPU_KEYS
     assert schema["StatusDoc"]["properties"].keys() >= STATUS_KEYS
+
+
+def test_openapi_documents_every_evidence_key(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert "EvidenceDoc" in str(schemas["JobDoc"]["properties"]["evidence"])
+    documented = schemas["EvidenceDoc"]["properties"]
+    # every key evidence_dict can write (the optional ones switched on), plus the facts' own documents
+    optional = JobEvidence(gpus_unknown=True, not_kill_worthy_because="x", untrusted_progress_files=({"p": 1},))
+    full = evidence_dict(optional, cause="c")
+    assert documented.keys() == set(full) | {"nccl_ras", "stacks", "stacks_where", "fleet", "detector_error"}
+    assert all(doc.get("description") or "$ref" in str(doc) for doc in documented.values())
+    for part in ("FindingDoc", "CoverageDoc", "CannotJudgeDoc", "StacksDoc", "NcclRasDoc", "FleetDoc"):
+        assert part in schemas
+    EvidenceDoc.model_validate(full)
+    EvidenceDoc.model_validate({"detector_error": "ValueError: boom"})
 
 
 def test_gpus_is_the_status_gpu_list(client: TestClient) -> None:

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from gpu_triage.cli.cluster_prometheus import analyse, exit_code, render
 from gpu_triage.model.findings import Signal
 from gpu_triage.model.states import GpuState, Verdict
+from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.signals.fleet.exposition import fleet_metrics
 from gpu_triage.signals.fleet.facts import JobFacts, RankFacts, local_facts
 from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
@@ -341,6 +342,7 @@ def test_remote_facts_complete_the_stack_proof_and_name_the_odd_rank_on_the_othe
     hung = [s for s in out if s.kill_worthy]
     assert hung and hung[0].verdict is Verdict.DEADLOCK_SUSPECTED
     ev = hung[0].evidence_dict()
+    EvidenceDoc.model_validate(ev)  # the OpenAPI document describes it (stacks and fleet included)
     assert str(Signal.REMOTE_COMPLETE) in ev["signals"] and str(Signal.STACKS_FROZEN) in ev["signals"]
     assert ev["fleet"]["odd"] == [{"node": "node-a", "rank": 0}]
     assert ev["stacks"]["odd_ranks"] == [0]

@@ -39,6 +39,7 @@ from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.control import Control, ControlRefused, EventsReader
+from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.serving.metrics import MetricsExposition, render
 from gpu_triage.serving.publish import SnapshotHolder
 
@@ -181,7 +182,7 @@ class JobDoc(_Doc):
     )
     onset: float | None = Field(description="When the signature began (epoch seconds)")
     raised: float | None = Field(description="When the verdict was raised (epoch seconds)")
-    evidence: dict[str, Any]
+    evidence: EvidenceDoc = Field(description="What the detector recorded (docs/detector.md, Evidence)")
     cause: str | None = Field(
         description="What explains the verdict (data_starvation: storage_wait, cpu_contention, loader; "
         "stalled/slow: e.g. waiting_on_other_nodes, lease_expired:eval, asymmetric:gpu 3)"
