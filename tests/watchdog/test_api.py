@@ -187,7 +187,7 @@ def test_openapi_documents_every_evidence_key(client: TestClient) -> None:
     assert "EvidenceDoc" in str(schemas["JobDoc"]["properties"]["evidence"])
     documented = schemas["EvidenceDoc"]["properties"]
     # every key evidence_dict can write (the optional ones switched on), plus the facts' own documents
-    optional = JobEvidence(gpus_unknown=True, not_kill_worthy_because="x", untrusted_progress_files=({"p": 1},))
+    optional = JobEvidence(gpus_unknown=True, not_kill_worthy_because="x", untrusted_progress_files=({},))
     full = evidence_dict(optional, cause="c")
     assert documented.keys() == set(full) | {"nccl_ras", "stacks", "stacks_where", "fleet", "detector_error"}
     assert all(doc.get("description") or "$ref" in str(doc) for doc in documented.values())
