@@ -21,7 +21,7 @@ class _Doc(BaseModel):
 
 
 class FindingDoc(_Doc):
-    """One signal's statement about the job this cycle (docs/detector.md, "Findings")."""
+    """One signal's statement about the job this cycle (docs/detector.md, "Verdicts: two classes")."""
 
     signal: Signal
     stance: Stance = Field(description="hang (for a hang), progress (against one) or context")
@@ -65,7 +65,7 @@ class RankStackDoc(_Doc):
 
 
 class StacksDoc(_Doc):
-    """Stack evidence (py-spy; docs/stacks.md)."""
+    """Stack evidence (py-spy; docs/evidence.md)."""
 
     sampler: str = Field(description="available, py_spy_missing, ptrace_denied, disabled...")
     world_size: int | None
@@ -86,7 +86,7 @@ class StacksDoc(_Doc):
 
 
 class NcclRasDoc(_Doc):
-    """NCCL RAS facts (docs/nccl-ras.md), polled while the job is under suspicion."""
+    """NCCL RAS facts (docs/evidence.md, "NCCL RAS as live evidence"), polled while the job is under suspicion."""
 
     status: str
     polled_at: float | None
