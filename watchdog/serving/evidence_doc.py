@@ -86,7 +86,7 @@ class StacksDoc(_Doc):
 
 
 class NcclRasDoc(_Doc):
-    """NCCL RAS facts (docs/evidence.md, "NCCL RAS as live evidence"), polled while the job is under suspicion."""
+    """NCCL RAS facts (docs/evidence.md, "NCCL RAS as live evidence"), polled under suspicion."""
 
     status: str
     polled_at: float | None
