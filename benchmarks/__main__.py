@@ -28,6 +28,7 @@ BENCHES = {
     "stacks": "benchmarks.bench_stacks",
     "integrations": "benchmarks.bench_integrations",
     "fleet": "benchmarks.bench_fleet",
+    "hostile": "benchmarks.bench_hostile",
 }
 
 

@@ -83,7 +83,9 @@ STALE_AFTER_S = 600.0
 MAX_FILE_BYTES = 64 * 1024
 """A reader refuses bigger files (the directory is writable by every training user)."""
 MAX_JOB_NAME = 200
-_DIR_MODE = 0o2775  # setgid: job directories keep the progress directory's group (gpu-train)
+_DIR_MODE = 0o2755
+"""setgid: job directories keep the progress directory's group (gpu-train), which may read them; only
+the job's owner may write: another training user can neither plant nor replace a rank file there."""
 _FILE_MODE = 0o644
 
 

@@ -1,7 +1,7 @@
 """A seeded mutation fuzzer for the three hostile inputs: nvidia-smi CSV recordings, config files and
 progress files (issue 11). Run by ``test_fuzz.py`` in a subprocess with a memory cap::
 
-    python -m tests.watchdog.fuzz_inputs {csv|config|progress|prometheus} COUNT SEED
+    python -m tests.watchdog.fuzz_inputs {csv|config|progress|prometheus|names} COUNT SEED
 
 Each input is a valid seed document mutated a few times (bytes flipped, inserted, deleted,
 duplicated; lines spliced, truncated; hostile tokens - NaN, Infinity, 1e309, huge integers, deep
@@ -14,7 +14,10 @@ a *clean* outcome:
 - ``progress``: :func:`parse_record` returns a record or raises ProgressFormatError, and a
   :class:`ProgressReader` over the file lists it as a per-file error or reads it;
 - ``prometheus``: a Prometheus query answer (other nodes' facts, issue 21): ``parse_vector`` returns
-  samples or raises PromError; the facts built from them and the fusion rule never raise.
+  samples or raises PromError; the facts built from them and the fusion rule never raise;
+- ``names``: directory and file names as bytes (:func:`run_names`): the reader reads the job or
+  reports it, and its reports, log lines, environment job keys and event-store rows stay printable,
+  bounded, one line each.
 
 Anything else is a traceback; an input taking more than ``HANG_S`` is a hang (SIGALRM). The summary
 is one JSON line on stdout: counts, the slowest input, peak RSS (``VmHWM``) and every failure.
@@ -170,6 +173,21 @@ def progress_seeds() -> list[bytes]:
     return [json.dumps(base).encode(), json.dumps(lease, indent=1).encode()]
 
 
+def name_seeds() -> list[bytes]:
+    """Directory and file names as bytes (issue 18): valid job names, non-UTF-8 bytes, a newline that
+    would forge a log line, ESC, bidi overrides, the longest name the file system allows."""
+    return [
+        b"qwen3-32b-ft",
+        b"j",
+        b"slurm-4242.0",
+        b"\xff\xfejob",
+        b"x\n2026-12-03 10:00:00,000 CRITICAL gpu_watchdog.events: kill job=prod sigterm ok",
+        b"esc\x1b[2J\x1b]0;title\x07",
+        "bidi\u202ejob\u2028".encode(),
+        b"a" * 255,
+    ]
+
+
 # ------------------------------------------------------------------------------------- runners
 
 
@@ -219,6 +237,64 @@ def run_progress(data: bytes, tmp: Path) -> str:
     if not read:
         raise AssertionError("the reader neither read the file nor reported it")
     return outcome
+
+
+def _fs_name(data: bytes, fallback: bytes) -> bytes:
+    """A name the kernel accepts: no '/' nor NUL, 1-255 bytes, not '.' or '..'."""
+    name = data.replace(b"/", b"_").replace(b"\0", b"_")[:255]
+    return fallback if name in (b"", b".", b"..") else name
+
+
+def run_names(data: bytes, tmp: Path) -> str:
+    """The name as a job directory (holding a record whose ``job`` is that name, decoded as the reader
+    decodes it), as a file name beside a rank file, and as ``GPU_WATCHDOG_JOB``: the reader reads the
+    job or reports it; what it reports, logs and records is printable and bounded."""
+    import os
+    import shutil
+
+    from gpu_triage.journal import logs
+    from gpu_triage.journal.eventstore import EventStore
+    from gpu_triage.model.names import job_name_problem, printable
+    from gpu_triage.signals.processes import job_key
+    from gpu_triage.signals.progress import ProgressReader
+
+    root = tmp / "names"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+    raw = bytes(root)
+    name = _fs_name(data, b"j")
+    job = os.fsdecode(name)
+    record = {**json.loads(progress_seeds()[0]), "job": job, "host": "here"}
+    os.mkdir(raw + b"/" + name)
+    with open(raw + b"/" + name + b"/rank-0.json", "wb") as f:
+        f.write(json.dumps(record).encode())
+    with open(raw + b"/" + name + b"/" + _fs_name(data[::-1], b"k"), "wb") as f:
+        f.write(b"{}")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.TextFormatter(logs.TEXT_FORMAT))
+    progress_log = logging.getLogger("gpu_triage.progress")
+    progress_log.addHandler(handler)
+    try:
+        view = ProgressReader(root, host="here").read(1_700_000_001.0)
+    finally:
+        progress_log.removeHandler(handler)
+    for j in view.jobs:
+        if job_name_problem(j) is not None:
+            raise AssertionError(f"a job the reader should have refused: {j!r}")
+    for e in view.errors:
+        where = printable(str(e.path))
+        if not where.isprintable() or len(where) > 400:
+            raise AssertionError(f"an error entry that is not one bounded line: {where!r}")
+    lines = stream.getvalue().splitlines()
+    if any("\x1b" in line for line in lines) or len(lines) != stream.getvalue().count(" WARNING "):
+        raise AssertionError(f"a log line was split or carries ESC: {lines!r}")
+    key = job_key({"GPU_WATCHDOG_JOB": job})
+    if key is None or not key.isprintable() or len(key) > 64:
+        raise AssertionError(f"an environment job key that is not bounded and printable: {key!r}")
+    with EventStore(tmp / "store", 1_700_000_000.0) as store:
+        store.append("verdict", {"job": job}, time_s=1_700_000_000.0, job=job)
+    return "result" if view.jobs else "error"
 
 
 def prometheus_seeds() -> list[bytes]:
@@ -305,6 +381,7 @@ FORMATS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes, Path], str]
     "config": (config_seeds, run_config),
     "progress": (progress_seeds, run_progress),
     "prometheus": (prometheus_seeds, run_prometheus),
+    "names": (name_seeds, run_names),
 }
 
 

@@ -762,3 +762,50 @@ def test_only_processes_tied_to_the_job_by_proof_are_targets(
     assert ("sigterm", "no_targets") in d.actions()
     assert not [a for a in d.actions() if a in (("sigterm", "started"), ("sigterm", "ok"))]
     assert all(alive(p) for p in pids)
+
+
+def test_an_error_on_one_job_stays_in_that_job(tmp_path: Path, store: EventStore) -> None:
+    """Issue 18 item 1: the engine raising on one job (a bug, a hostile value) leaves the other jobs'
+    ladders running."""
+    clock = FakeClock()
+    eng = make_engine(store, tmp_path, clock)
+    real = eng._ladder
+
+    def ladder(ep, job, *args, **kw):
+        if job.job == "bad":
+            raise ValueError("boom")
+        return real(ep, job, *args, **kw)
+
+    eng._ladder = ladder  # type: ignore[method-assign]
+    d = Driver(eng, clock)
+    try:
+        bad = make_job(Verdict.DEADLOCK_CONFIRMED, job="bad")
+        good = make_job(Verdict.DEADLOCK_CONFIRMED, job="good")
+        d.run(3, Mode.ALERT, [bad, good])
+    finally:
+        eng.close()
+    errors = [r for r in d.records if r["action"] == "engine"]
+    assert errors and {r.get("job") for r in errors} == {"bad"}
+    assert any(r["action"] == "capture" and r.get("job") == "good" for r in d.records), d.actions()
+
+
+def test_a_job_whose_proven_processes_belong_to_several_users_is_never_signalled(
+    tmp_path: Path, store: EventStore, procs: Procs
+) -> None:
+    """Issue 18 item 2, defence in depth: one job is one owner; a mixed kill set is refused."""
+    from dataclasses import replace
+
+    clock = FakeClock()
+    pids, processes = two_ranks(procs, mode="obey")
+    mixed = {JOB: [replace(processes[JOB][0], uid=1000), replace(processes[JOB][1], uid=1001)]}
+    eng = make_engine(store, tmp_path, clock)
+    d = Driver(eng, clock)
+    try:
+        job = make_job(Verdict.DEADLOCK_CONFIRMED, ranks=2, pids=[p.pid for p in processes[JOB]])
+        d.run(60, Mode.KILL, [job], mixed)
+    finally:
+        eng.close()
+    refusals = [r for r in d.records if r["action"] == "sigterm" and r["result"] == "refused"]
+    assert refusals and "several users" in refusals[0]["reason"]
+    assert not [a for a in d.actions() if a in (("sigterm", "started"), ("sigterm", "ok"))]
+    assert all(alive(p) for p in pids)

@@ -278,6 +278,8 @@ def test_healthz_turns_stale_and_recovers_as_the_clock_moves() -> None:
         "max_age_s": 5.0,
         "cycle": 42,
         "failed_cycles": 0,
+        "failed_cycles_total": 0,
+        "errors": [],
     }
     clock.now = T0 + 7.25
     response = test_client.get("/healthz")

@@ -1,7 +1,9 @@
 """Fuzzing the hostile inputs (issue 11): 1,000 seeded mutations per format - nvidia-smi CSV
-recordings (through ``gpu-watchdog triage``), config files (``load_config``) and progress files
-(``parse_record`` and the reader) - each run in a subprocess under a 1 GiB address-space limit
-(``RLIMIT_AS``), with a per-input alarm (a hang) and a bound on the peak RSS the run measured.
+recordings (through ``gpu-watchdog triage``), config files (``load_config``), progress files
+(``parse_record`` and the reader) and directory and file names as bytes (issue 18: the reader, the
+log lines, the environment job keys, the event store) - each run in a subprocess under a 1 GiB
+address-space limit (``RLIMIT_AS``), with a per-input alarm (a hang) and a bound on the peak RSS the
+run measured.
 
 Every input must end in a clean error naming the file (exit 2 for triage) or a sane result: 0
 tracebacks, 0 hangs. The mutator and its seeds are in ``fuzz_inputs.py``; a failure prints the
@@ -24,7 +26,7 @@ INPUTS_PER_FORMAT = 1000
 ADDRESS_SPACE_BYTES = 1 << 30
 """RLIMIT_AS of the fuzzing process: an input that makes a reader allocate without bound fails
 with MemoryError (counted as a traceback) instead of exhausting the machine."""
-PEAK_RSS_MB = {"csv": 256, "config": 96, "progress": 96, "prometheus": 96}
+PEAK_RSS_MB = {"csv": 256, "config": 96, "progress": 96, "prometheus": 96, "names": 128}
 """Peak resident memory a whole run may reach (measured: csv ~150 MB with numpy and pyarrow loaded,
 config and progress ~25 MB)."""
 
@@ -33,7 +35,7 @@ def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
 
 
-@pytest.mark.parametrize("fmt", ["csv", "config", "progress", "prometheus"])
+@pytest.mark.parametrize("fmt", ["csv", "config", "progress", "prometheus", "names"])
 def test_fuzzed_inputs_end_in_clean_errors_or_sane_results(fmt: str) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "tests.watchdog.fuzz_inputs", fmt, str(INPUTS_PER_FORMAT), "20261203"],

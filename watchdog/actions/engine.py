@@ -65,6 +65,7 @@ from gpu_triage.actions.evidence import (
 from gpu_triage.actions.kill import (
     CommandRunner,
     HookError,
+    Identity,
     KillExecutor,
     KillOutcome,
     KillPlan,
@@ -90,6 +91,7 @@ from gpu_triage.config.settings import ActionsConfig, AlertsConfig
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.jsonable import jsonable
+from gpu_triage.model.names import printable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode, Verdict
 from gpu_triage.signals.nccl_ras import client as ras
@@ -456,22 +458,12 @@ class ActionEngine:
         seen: set[str] = set()
         for job in jobs:
             seen.add(job.job)
-            condition = condition_for(job.verdict)
-            ep = self._episodes.get(job.job)
-            if ep is None and condition is None:
-                continue
-            self._absent_since.pop(job.job, None)
-            if ep is not None and ep.condition is not condition:
-                self._end(ep, now, f"verdict is now {job.verdict}", records)
-                ep = None
-            if condition is None:
-                continue
-            if ep is None:
-                ep = self._resume(job, condition, now, records) or self._begin(job, condition, now, records)
-            self._update(ep, job, now, gpus)
-            self._ladder(
-                ep, job, now, mode, processes.get(job.job, ()), gpus, silences, progress_dir, records
-            )
+            try:  # an error on one job stays in that job: the others still get their actions
+                self._job_cycle(job, now, mode, processes, gpus, silences, progress_dir, records)
+            except Exception as e:
+                log.exception("action engine failed on job %s", printable(job.job, 200))
+                error = f"{type(e).__name__}: {e}"[:300]
+                records.append(self._make(now, "engine", "error", job=job.job, error=error))
         if self._absent_since or not seen.issuperset(self._episodes):
             for name in [n for n in self._episodes if n not in seen]:
                 since = self._absent_since.setdefault(name, now)
@@ -533,6 +525,32 @@ class ActionEngine:
         )
         self._episodes[job.job] = ep
         return ep
+
+    def _job_cycle(
+        self,
+        job: JobStatus,
+        now: float,
+        mode: Mode,
+        processes: Mapping[str, Sequence[RankProcess]],
+        gpus: Sequence[GpuStatus],
+        silences: SilenceBook,
+        progress_dir: Path | None,
+        records: list[dict[str, Any]],
+    ) -> None:
+        condition = condition_for(job.verdict)
+        ep = self._episodes.get(job.job)
+        if ep is None and condition is None:
+            return
+        self._absent_since.pop(job.job, None)
+        if ep is not None and ep.condition is not condition:
+            self._end(ep, now, f"verdict is now {job.verdict}", records)
+            ep = None
+        if condition is None:
+            return
+        if ep is None:
+            ep = self._resume(job, condition, now, records) or self._begin(job, condition, now, records)
+        self._update(ep, job, now, gpus)
+        self._ladder(ep, job, now, mode, processes.get(job.job, ()), gpus, silences, progress_dir, records)
 
     # -------------------------------------------------------------------------------- episodes
 
@@ -938,6 +956,20 @@ class ActionEngine:
             if self._once(ep, "no_targets"):
                 records.append(self._make(now, action, "no_targets", job=job.job))
             return
+        owners = sorted({p.uid for p in procs if p.alive and p.proof}, key=lambda u: (u is None, u or 0))
+        if len(owners) > 1:  # one job is one owner: never signal a set that mixes users
+            if self._once(ep, "mixed_owners"):
+                records.append(
+                    self._make(
+                        now,
+                        action,
+                        "refused",
+                        job=job.job,
+                        pids=pids,
+                        reason=f"the job's processes belong to several users (uids {owners}); not killing",
+                    )
+                )
+            return
         if not a.dry_run:
             self._kill_times = [t for t in self._kill_times if now - t < KILL_WINDOW_S]
             if len(self._kill_times) >= a.max_kills_per_hour:
@@ -964,7 +996,10 @@ class ActionEngine:
         self._kills[job.job] = k
         values = {"job": job.job, "node": self.node, "pids": ",".join(map(str, pids))}
         ranks = [(p.pid, p.proof, p.uid) for p in procs if p.alive and p.proof]
-        self._kill_worker.submit(lambda: self._run_term(k, pids, values, ranks))
+        identities = {
+            p.pid: Identity(p.create_time, p.uid) for p in procs if p.alive and p.proof and p.pid in pids
+        }
+        self._kill_worker.submit(lambda: self._run_term(k, pids, values, ranks, identities))
         records.append(self._make(now, action, "started", job=job.job, pids=pids, dry_run=a.dry_run))
 
     def _run_term(
@@ -973,9 +1008,10 @@ class ActionEngine:
         pids: list[int],
         values: dict[str, str],
         ranks: Sequence[tuple[int, Sequence[str], int | None]] = (),
+        identities: Mapping[int, Identity] | None = None,
     ) -> None:
         try:
-            plan = self.executor.plan(pids)
+            plan = self.executor.plan(pids, identities)
             slurm = None if k.hook or self.actions.kill_via == "signal" else self._slurm_term(k, plan, ranks)
             if slurm is not None:
                 outcome: Any = slurm

@@ -60,6 +60,17 @@ class ProcEntry:
     pgid: int | None
     create_time: float | None
     name: str = ""
+    uid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What the inspector proved about a rank process: the kernel's (create time, real uid). Checked
+    again against the process table at the moment of the plan: a pid recycled since (another create
+    time) or a process of another owner is never signalled, nor is a descendant of another owner."""
+
+    create_time: float | None
+    uid: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,20 +133,33 @@ def plan_kill(
     *,
     own_pid: int,
     extra_protected: Iterable[int] = (),
+    identities: Mapping[int, Identity] | None = None,
 ) -> KillPlan:
-    """What to signal to stop the processes ``job_pids`` (see the module docstring for the rules)."""
+    """What to signal to stop the processes ``job_pids`` (see the module docstring for the rules).
+    With ``identities``, a rank whose create time or owner differs from its proven identity is skipped,
+    and only descendants of the same owner as the ranks are covered."""
     protected = protected_pids(table, own_pid) | frozenset(extra_protected)
     own_pgid = table[own_pid].pgid if own_pid in table else None
     skipped: list[tuple[int, str]] = []
     ranks: set[int] = set()
     for pid in sorted(set(job_pids)):
+        ident = identities.get(pid) if identities is not None else None
         if pid in protected:
             skipped.append((pid, "protected (PID 1, the daemon or its ancestor)"))
         elif pid not in table:
             skipped.append((pid, "gone"))
+        elif identities is not None and ident is None:
+            skipped.append((pid, "no proven identity"))
+        elif ident is not None and _mismatch(table[pid], ident):
+            skipped.append((pid, f"identity changed since it was proven: {_mismatch(table[pid], ident)}"))
         else:
             ranks.add(pid)
+    owners = {table[p].uid for p in ranks}
     allowed = (ranks | descendants(table, ranks)) - protected
+    if identities is not None:
+        strangers = {p for p in allowed - ranks if table[p].uid not in owners}
+        skipped += [(p, f"descendant of another owner (uid {table[p].uid})") for p in sorted(strangers)]
+        allowed -= strangers
     groups: list[int] = []
     covered: set[int] = set()
     for pgid in sorted({table[p].pgid for p in ranks if table[p].pgid is not None}):
@@ -154,6 +178,18 @@ def plan_kill(
     pids = tuple(sorted(allowed - covered))
     members = {p: table[p].create_time for p in allowed | covered}
     return KillPlan(tuple(groups), pids, members, tuple(skipped))
+
+
+def _mismatch(entry: ProcEntry, ident: Identity) -> str | None:
+    if (
+        ident.create_time is not None
+        and entry.create_time is not None
+        and abs(entry.create_time - ident.create_time) > 0.01
+    ):
+        return "another create time (the pid was reused)"
+    if ident.uid is not None and entry.uid is not None and entry.uid != ident.uid:
+        return f"owner uid {entry.uid}, proven uid {ident.uid}"
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,14 +242,20 @@ def slurm_id_from(cgroup_text: str | None, environ: Mapping[str, str] | None) ->
 
 def process_table() -> dict[int, ProcEntry]:
     table: dict[int, ProcEntry] = {}
-    for proc in psutil.process_iter(["ppid", "create_time", "name"]):
+    for proc in psutil.process_iter(["ppid", "create_time", "name", "uids"]):
         info = proc.info
         try:
             pgid: int | None = os.getpgid(proc.pid)
         except OSError:
             pgid = None
+        uids = info.get("uids")
         table[proc.pid] = ProcEntry(
-            proc.pid, info.get("ppid"), pgid, info.get("create_time"), info.get("name") or ""
+            proc.pid,
+            info.get("ppid"),
+            pgid,
+            info.get("create_time"),
+            info.get("name") or "",
+            uids.real if uids is not None else None,
         )
     return table
 
@@ -393,8 +435,8 @@ class KillExecutor:
         self.signaller = signaller or OsSignaller()
         self.own_pid = os.getpid() if own_pid is None else own_pid
 
-    def plan(self, job_pids: Iterable[int]) -> KillPlan:
-        return plan_kill(job_pids, process_table(), own_pid=self.own_pid)
+    def plan(self, job_pids: Iterable[int], identities: Mapping[int, Identity] | None = None) -> KillPlan:
+        return plan_kill(job_pids, process_table(), own_pid=self.own_pid, identities=identities)
 
     def send(self, plan: KillPlan, sig: signal.Signals, *, dry_run: bool, now: float) -> KillOutcome:
         signalled: list[str] = []
@@ -457,6 +499,7 @@ __all__ = [
     "CommandResult",
     "CommandRunner",
     "HookError",
+    "Identity",
     "KillExecutor",
     "KillOutcome",
     "KillPlan",

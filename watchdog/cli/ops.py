@@ -104,11 +104,11 @@ def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list
         ConfigError,
         load_config,
         load_secret,
-        load_token,
         missing_token_note,
         resolve_config_path,
         token_file_absent,
     )
+    from gpu_triage.daemon.loop import start_checks
 
     path = resolve_config_path(Path(config_arg) if config_arg else None)
     where = str(path) if path is not None else "defaults and environment (no config file)"
@@ -117,10 +117,11 @@ def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list
         config = load_config(path, env)
     except ConfigError as e:
         return EXIT_BAD, [*e.problems, f"{where}: {len(e.problems)} problem(s)"]
-    try:
-        load_token(config)
-    except ConfigError as e:
-        problems.extend(f"auth.token_file: {p}" for p in e.problems)
+    for check in start_checks():  # exactly what `run` checks before its first cycle
+        try:
+            check(config)
+        except ConfigError as e:
+            problems.extend(e.problems)
     for i, sink in enumerate(config.alerts.sinks):
         for attr in ("routing_key_file", "url_file"):
             secret = getattr(sink, attr, None)

@@ -32,7 +32,7 @@ import os
 import socket
 import stat
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -985,14 +985,15 @@ def resolve_config_path(arg: Path | None) -> Path | None:
 # Secrets.
 
 
-def load_secret(path: Path, what: str = "token") -> str:
+def load_secret(path: Path, what: str = "token", *, forbidden_gids: Iterable[int] = ()) -> str:
     """Read a secret (bearer token, routing key, Slack URL) from ``path``.
 
     Refused - :class:`ConfigError` - when the file is missing, empty, not a regular file, larger
     than 64 KiB, more than one line, world-readable (``mode & 0o004``) or writable by anyone but its
-    owner (``mode & 0o022``: another user could swap the secret). Group-readable is fine (0640 lets a
-    ``gpu-watchdog`` group of operators read it); 0600 is the default. The secret itself never
-    appears in an error.
+    owner (``mode & 0o022``: another user could swap the secret). Group-readable (0640) only when the
+    group lets no one else read it (:func:`secret_group_problem`): its members are at most root, the
+    file's owner and the daemon's own user, and it is none of ``forbidden_gids`` (the progress
+    directory's group: the training users). 0600 is the default. The secret never appears in an error.
     """
     try:
         st = os.stat(path)
@@ -1016,6 +1017,15 @@ def load_secret(path: Path, what: str = "token") -> str:
                 f"refusing to use it: run `chmod go-w {path}` (0600 or 0640 are fine)"
             ]
         )
+    if mode & 0o040:
+        problem = secret_group_problem(st.st_gid, st.st_uid, forbidden_gids)
+        if problem is not None:
+            raise ConfigError(
+                [
+                    f"{path}: the {what} file is group-readable (mode {mode:04o}) and {problem}; "
+                    f"refusing to use it: run `chmod g-r {path}` or give it a group of operators only"
+                ]
+            )
     try:
         value = read_regular_file(path, MAX_SECRET_BYTES, f"{what} file").decode("utf-8").strip()
     except InputTooLarge as e:
@@ -1027,6 +1037,42 @@ def load_secret(path: Path, what: str = "token") -> str:
     if "\n" in value or "\r" in value:
         raise ConfigError([f"{path}: the {what} file has more than one line (it must hold the {what} alone)"])
     return value
+
+
+def secret_group_problem(gid: int, owner_uid: int, forbidden_gids: Iterable[int] = ()) -> str | None:
+    """Why a group may not read a secret (None: it may). The group must not be a training group (one
+    of ``forbidden_gids``) and must hold no user other than root, the file's owner and the daemon's
+    own user - as members (``/etc/group``) or as their primary group (``/etc/passwd``)."""
+    import grp
+    import pwd
+
+    if gid in set(forbidden_gids):
+        return f"its group (gid {gid}) is the progress directory's group: every training user could read it"
+    allowed = {0, owner_uid, os.geteuid()}
+    try:
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return f"its group (gid {gid}) is unknown here, so who can read it cannot be told"
+    others: list[str] = []
+    for name in group.gr_mem:
+        try:
+            if pwd.getpwnam(name).pw_uid not in allowed:
+                others.append(name)
+        except KeyError:
+            others.append(name)
+    others += [p.pw_name for p in pwd.getpwall() if p.pw_gid == gid and p.pw_uid not in allowed]
+    if others:
+        names = ", ".join(sorted(set(others))[:5])
+        return f"its group {group.gr_name} has other members ({names})"
+    return None
+
+
+def progress_gid(config: Config) -> list[int]:
+    """The progress directory's group, when it exists (its members are the training users)."""
+    try:
+        return [os.stat(config.progress.dir).st_gid]
+    except OSError:
+        return []
 
 
 def token_file_absent(config: Config) -> bool:
@@ -1051,4 +1097,5 @@ def load_token(config: Config) -> str | None:
     problem with the file - missing when not optional, world-readable, empty - is a ConfigError."""
     if config.auth.token_file is None or token_file_absent(config):
         return None
-    return load_secret(config.auth.token_file, "token")
+    forbidden = [g for g in progress_gid(config) if g != 0]
+    return load_secret(config.auth.token_file, "token", forbidden_gids=forbidden)

@@ -42,6 +42,7 @@ from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.clock import Clock, ClockStep, Timeline
 from gpu_triage.model.jsonable import jsonable
+from gpu_triage.model.names import printable
 from gpu_triage.model.samples import TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
 from gpu_triage.model.states import ENDED_VERDICTS, Mode, Verdict
@@ -147,13 +148,18 @@ class Daemon:
         self._progress_errors: tuple[dict[str, Any], ...] = ()
         self._actions_error: str | None = None
         self._logged_job_errors: dict[str, str] = {}
+        self._persist_errors: dict[str, str] = {}
+        self.degraded_cycles = 0
+        """Cycles that failed, or in which a job could not be judged or recorded (never only 3 in a row)."""
         self._state_lock: StateLock | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Raises ConfigError (exit 2) for what the config names but cannot be used - checked here
         once, not found failing in every cycle."""
-        validate_classifier(self.config)
+        for check in start_checks():
+            if check is not check_token or self.serve_http:  # the token serves the HTTP API only
+                check(self.config)
         state_dir = Path(self.config.daemon.state_dir)
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
@@ -487,14 +493,26 @@ class Daemon:
             return
         self.failed_cycles += 1
         self.stats.failed += 1
+        failed_total = float(self.stats.failed)
         text = f"{type(error).__name__}: {error}"[:300]
         if text != self._last_cycle_error:
-            log.error("cycle %d failed (%d in a row)", self.cycle_no, self.failed_cycles, exc_info=error)
+            log.error(
+                "cycle %d failed (%d in a row): %s",
+                self.cycle_no,
+                self.failed_cycles,
+                printable(text),
+                exc_info=error,
+            )
             self._event("daemon", {"event": "cycle_failed", "cycle": self.cycle_no, "error": text})
             self._last_cycle_error = text
         latest = self.snapshots.latest()
-        if latest is not None:
-            self.snapshots.publish(replace(latest, failed_cycles=self.failed_cycles))
+        if latest is not None:  # visible at once in /healthz (degraded) and the failed-cycle counter
+            counters = {
+                **latest.counters,
+                "failed_cycles_total": failed_total,
+                "degraded_cycles_total": float(self.degraded_cycles) + failed_total,
+            }
+            self.snapshots.publish(replace(latest, failed_cycles=self.failed_cycles, counters=counters))
         elif self.failed_cycles >= 3:  # never a good cycle: say "failing", not "starting" forever
             self.snapshots.publish(
                 Snapshot(
@@ -568,6 +586,9 @@ class Daemon:
             self.store.maybe_reattach(now)
             self.store.maybe_prune(now)
         self.stats.cycles += 1
+        input_errors = self._input_errors()
+        if any(e["kind"] in ("job", "persist", "actions") for e in input_errors):
+            self.degraded_cycles += 1
         snap = Snapshot(
             node=self.node,
             source=self.source.name,
@@ -585,11 +606,12 @@ class Daemon:
                 "cycles_total": float(self.stats.cycles),
                 "missed_cycles_total": float(self.stats.missed),
                 "failed_cycles_total": float(self.stats.failed),
+                "degraded_cycles_total": float(self.degraded_cycles + self.stats.failed),
             },
             actions=dict(getattr(self.actions, "counters", {}) or {}),
             version=__version__,
             untrusted_progress_files=self._untrusted,
-            input_errors=self._input_errors(),
+            input_errors=input_errors,
             stacks={**self.stacks.status(), "nccl_ras": self.ras.status()},
             fleet=self._fleet_facts,
             cluster=self.fleet.status(),
@@ -606,9 +628,14 @@ class Daemon:
         job_errors = dict(self.detector.job_errors)
         for job, error in sorted(job_errors.items()):
             if self._logged_job_errors.get(job) != error:  # once per job and error, not every cycle
-                log.error("detector could not judge job %s (last verdict kept, never a kill): %s", job, error)
+                log.error(
+                    "detector could not judge job %s (last verdict kept, never a kill): %s",
+                    printable(job, 200),
+                    printable(error),
+                )
         self._logged_job_errors = job_errors
         out += [{"kind": "job", "where": j, "error": e} for j, e in sorted(job_errors.items())]
+        out += [{"kind": "persist", "where": j, "error": e} for j, e in sorted(self._persist_errors.items())]
         if self.store is not None and getattr(self.store, "memory_only", False):
             out.append({"kind": "store", "where": str(self.store.path), "error": self.store.memory_reason})
         if self._actions_error is not None:
@@ -618,7 +645,8 @@ class Daemon:
     def _detect(self, now: float, samples, statuses) -> tuple[JobStatus, ...]:
         view = self.progress.read(now, wall_s=self._wall)
         self._progress_errors = tuple(
-            {"kind": "progress_file", "where": str(e.path), "error": e.error} for e in view.errors
+            {"kind": "progress_file", "where": printable(str(e.path)), "error": printable(e.error)}
+            for e in view.errors
         )
         gpu_pids = {s.gpu: list(s.pids) for s in samples if s.pids}
         uuid_to_index = {g.uuid: g.gpu for g in statuses if g.uuid}
@@ -627,6 +655,11 @@ class Daemon:
             gpu_pids=gpu_pids,
             claims=progress_claims(view, self.progress.host),
             uuid_to_index=uuid_to_index,
+        )
+        self.progress.priority = frozenset(
+            name.split("@", 1)[0]
+            for name, ranks in self._process_view.jobs.items()
+            if any(r.alive and r.proof for r in ranks)
         )
         untrusted_files = [u.to_dict() for u in view.untrusted]
         jobs = job_views(
@@ -654,38 +687,50 @@ class Daemon:
         results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
         self._persist_episode_state(now)
         self._fleet_facts = self._local_facts(now, jobs, results, statuses)
+        persist_errors: dict[str, str] = {}
         for j in results:
             prev = self._verdicts.get(j.job)
-            if prev is not j.verdict:
-                self._event(
-                    "verdict",
-                    {
-                        "from": str(prev) if prev else None,
-                        "to": str(j.verdict),
-                        "onset": j.onset,
-                        "cause": j.cause,
-                        "signals": list(j.evidence.signals) if j.evidence is not None else [],
-                        "ranks": [r.rank for r in j.ranks],
-                    },
-                    now,
-                    job=j.job,
-                )
-                logs.EVENTS.verdict(
-                    j.job,
-                    str(prev) if prev else None,
-                    str(j.verdict),
-                    cause=j.cause,
-                    signals=list(j.evidence.signals) if j.evidence is not None else [],
-                    ranks=[r.rank for r in j.ranks],
-                    onset=j.onset,
-                    kill_worthy=j.kill_worthy,
-                )
-                self._verdicts[j.job] = j.verdict
+            if prev is j.verdict:
+                continue
+            try:  # an error while persisting one job's verdict stays in that job
+                self._record_verdict(j, prev, now)
+            except Exception as e:
+                persist_errors[j.job] = f"{type(e).__name__}: {e}"[:300]
+            self._verdicts[j.job] = j.verdict
+        for job, error in persist_errors.items():
+            if self._persist_errors.get(job) != error:
+                log.error("could not record the verdict of job %s: %s", printable(job, 200), printable(error))
+        self._persist_errors = persist_errors
         for gone in set(self._verdicts) - {j.job for j in results}:
             last = str(self._verdicts.pop(gone))
             self._event("verdict", {"from": last, "to": None, "event": "job_gone"}, now, job=gone)
             logs.EVENTS.verdict(gone, last, None, cause="job_gone")
         return results
+
+    def _record_verdict(self, j: JobStatus, prev: Verdict | None, now: float) -> None:
+        self._event(
+            "verdict",
+            {
+                "from": str(prev) if prev else None,
+                "to": str(j.verdict),
+                "onset": j.onset,
+                "cause": j.cause,
+                "signals": list(j.evidence.signals) if j.evidence is not None else [],
+                "ranks": [r.rank for r in j.ranks],
+            },
+            now,
+            job=j.job,
+        )
+        logs.EVENTS.verdict(
+            j.job,
+            str(prev) if prev else None,
+            str(j.verdict),
+            cause=j.cause,
+            signals=list(j.evidence.signals) if j.evidence is not None else [],
+            ranks=[r.rank for r in j.ranks],
+            onset=j.onset,
+            kill_worthy=j.kill_worthy,
+        )
 
     def _with_stacks(self, now: float, jobs: list[JobView]) -> list[JobView]:
         """Ask the sampler for dumps of every job's proven live ranks (it decides what is due) and
@@ -858,6 +903,22 @@ def boot_id() -> str | None:
             return f.read(64).strip() or None
     except OSError:
         return None
+
+
+def check_token(config: Config) -> None:
+    """The token file, as :meth:`Daemon.start` loads it (ConfigError naming ``auth.token_file``)."""
+    from gpu_triage.config.settings import ConfigError
+
+    try:
+        load_token(config)
+    except ConfigError as e:
+        raise ConfigError([f"auth.token_file: {p}" for p in e.problems]) from None
+
+
+def start_checks() -> tuple[Callable[[Config], None], ...]:
+    """Every check ``run`` makes of a configuration before its first cycle (each raises ConfigError);
+    ``check-config`` runs the same list, so it never approves what ``run`` refuses."""
+    return (validate_classifier, check_token)
 
 
 def validate_classifier(config: Config) -> None:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_triage.journal.kv_mirror import KvMirror
+from gpu_triage.model.names import printable
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,8 @@ def _is_corrupt(error: sqlite3.Error) -> bool:
 
 
 def _dumps(payload: Mapping[str, Any]) -> str:
-    return json.dumps(payload, separators=(",", ":"), default=str, allow_nan=False)
+    """JSON text, ASCII only (any string, even one holding lone surrogates, is escaped)."""
+    return json.dumps(payload, separators=(",", ":"), default=str, allow_nan=False, ensure_ascii=True)
 
 
 class EventStore:
@@ -477,7 +479,11 @@ class EventStore:
     ) -> int | None:
         """Record one event; returns its id, or None when it could not be written now (buffered or,
         if the buffer is full, the oldest buffered event lost). Never raises for storage problems."""
-        event = _Pending(time_s, kind, gpu, job, _dumps(payload))
+        # Names come from training users (directory names, environments): whatever they hold, the row
+        # is written (a lone surrogate cannot be encoded by SQLite; control bytes would reach readers).
+        event = _Pending(
+            time_s, printable(kind, 64), gpu, None if job is None else printable(job, 256), _dumps(payload)
+        )
         with self._lock:
             if self._closed:
                 raise StoreError("event store is closed")

@@ -39,6 +39,7 @@ from enum import StrEnum
 from typing import Any, TextIO
 
 from gpu_triage.model.jsonable import jsonable
+from gpu_triage.model.names import printable
 
 LOGGER_NAME = "gpu_watchdog.events"
 LOG_FORMATS = ("text", "json")
@@ -109,7 +110,7 @@ def _plain_text(value: Any) -> str:
         return ",".join(_plain_text(v) for v in value) or "-"
     if isinstance(value, Mapping):
         return ",".join(f"{k}:{_plain_text(v)}" for k, v in value.items()) or "-"
-    return " ".join(str(value).split())  # one line, whatever came in
+    return printable(" ".join(str(value).split()), 1000)  # one printable line, whatever came in
 
 
 def _scalar(value: Any) -> str:
@@ -124,7 +125,7 @@ def format_text(event: LogLine) -> str:
     if event.job is not None:
         parts.append(f"job={_scalar(event.job)}")
     if event.summary:
-        parts.append(" ".join(event.summary.split()))
+        parts.append(printable(" ".join(event.summary.split()), 1000))
     parts.extend(f"{k}={_scalar(v)}" for k, v in event.fields.items())
     return " ".join(parts)
 
@@ -171,13 +172,37 @@ class JsonFormatter(logging.Formatter):
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class TextFormatter(logging.Formatter):
+    """:data:`TEXT_FORMAT`, one line per record whatever its arguments hold: the message's control
+    characters (a newline would forge a whole line; ESC drives terminals) are escaped and its length
+    bounded; a traceback's lines are each prefixed with ``| `` so none can pass for a record."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        saved = record.message
+        record.message = printable(saved, MAX_MESSAGE_CHARS)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = saved
+
+    def formatException(self, ei) -> str:
+        text = super().formatException(ei)
+        return "\n".join("| " + printable(line, MAX_MESSAGE_CHARS) for line in text.splitlines())
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join("| " + printable(line, MAX_MESSAGE_CHARS) for line in stack_info.splitlines())
+
+
+MAX_MESSAGE_CHARS = 4000
+
+
 def configure(level: str = "info", log_format: str = "text", stream: TextIO | None = None) -> None:
     """Root logging for ``gpu-watchdog run``: human text (default) or JSON lines, to stderr (the
     journal under systemd). Replaces handlers set before (a reload does not double lines)."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"daemon.log_format: expected one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
     handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     for old in list(root.handlers):

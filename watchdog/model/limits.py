@@ -24,6 +24,19 @@ MAX_GPUS = 1024
 MAX_LINE_BYTES = 1 << 20
 MAX_TABLE_BYTES = 1 << 20
 MAX_CONFIG_BYTES = 1 << 20
+MIN_POWER_LIMIT_W = 1.0
+MAX_POWER_LIMIT_W = 5000.0
+"""An enforced power limit outside this range is no GPU's (the largest are ~1.4 kW): 1e308 W from a
+CSV or ``--power-limit`` once scaled every power band out of reach and hid a deadlock."""
+
+
+def power_limit_problem(value_w: float) -> str | None:
+    """Why ``value_w`` cannot be a GPU's power limit (None: it can)."""
+    if not math.isfinite(value_w) or not MIN_POWER_LIMIT_W <= value_w <= MAX_POWER_LIMIT_W:
+        return (
+            f"{value_w!r} W is outside {MIN_POWER_LIMIT_W:g}-{MAX_POWER_LIMIT_W:g} W (no GPU's power limit)"
+        )
+    return None
 
 
 class InputTooLarge(ValueError):

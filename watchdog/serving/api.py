@@ -130,6 +130,8 @@ def _dumps(document: Any) -> bytes:
 
 FAILING_AFTER_CYCLES = 3
 """Consecutive failed cycles after which /healthz answers 503 ``failing``."""
+DEGRADING_ERRORS = ("job", "persist", "actions", "store")
+"""Input error kinds that make /healthz say ``degraded`` (progress-file errors are the users' own)."""
 
 
 class _Doc(BaseModel):
@@ -232,9 +234,11 @@ class StatusDoc(_Doc):
 
 
 class HealthDoc(_Doc):
-    status: Literal["ok", "stale", "starting", "failing"]
+    status: Literal["ok", "degraded", "stale", "starting", "failing"]
     last_cycle_age_s: float | None
     failed_cycles: int | None = None
+    failed_cycles_total: int | None = None
+    errors: list[str] = Field(default_factory=list, description="What degraded the last cycle")
     max_age_s: float
     cycle: int | None
 
@@ -542,13 +546,21 @@ def create_app(
         age_s = clock() - snapshot.time  # both on the daemon's monotonic timeline (model.clock)
         fresh = age_s < max_age_s
         failing = snapshot.failed_cycles >= FAILING_AFTER_CYCLES
+        errors = sorted(
+            {str(e.get("kind")) for e in snapshot.input_errors if e.get("kind") in DEGRADING_ERRORS}
+        )
+        degraded = snapshot.failed_cycles > 0 or bool(errors)
         return (
             {
-                "status": "failing" if failing else ("ok" if fresh else "stale"),
+                "status": "failing"
+                if failing
+                else ("stale" if not fresh else ("degraded" if degraded else "ok")),
                 "last_cycle_age_s": round(age_s, 3),
                 "max_age_s": max_age_s,
                 "cycle": snapshot.cycle,
                 "failed_cycles": snapshot.failed_cycles,
+                "failed_cycles_total": int(snapshot.counters.get("failed_cycles_total", 0)),
+                "errors": errors,
             },
             200 if fresh and not failing else 503,
         )
@@ -584,8 +596,9 @@ def create_app(
     )
     async def healthz() -> Response:
         """200 while the last cycle is younger than max(3 periods, 5 s); else 503 (stale/starting);
-        503 ``failing`` as soon as 3 cycles in a row raised. (Answered by :class:`HealthFirst` ahead
-        of routing; this route documents it.)"""
+        503 ``failing`` as soon as 3 cycles in a row raised; ``degraded`` (still 200: the loop runs) the
+        moment one cycle raised or a job could not be judged or recorded, with what failed. (Answered
+        by :class:`HealthFirst` ahead of routing; this route documents it.)"""
         document, status_code = health()
         return _json(document, status_code)
 
@@ -601,7 +614,9 @@ def create_app(
 
     @app.get("/events", response_model=None, responses={200: {"model": EventsDoc}})
     def list_events(
-        since: Annotated[int, Query(ge=0, description="Return events with id greater than this")] = 0,
+        since: Annotated[
+            int, Query(ge=0, le=2**63 - 1, description="Return events with id greater than this")
+        ] = 0,
         limit: Annotated[int, Query(ge=1, le=EVENTS_LIMIT_MAX)] = EVENTS_LIMIT_DEFAULT,
     ) -> Response:
         """Events with id greater than ``since``, oldest first (a sync handler: the store is SQLite)."""

@@ -86,6 +86,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_missed_cycles_total": "counter",
     "gpu_watchdog_clock_offset_seconds": "gauge",
     "gpu_watchdog_failed_cycles_total": "counter",
+    "gpu_watchdog_degraded_cycles_total": "counter",
     "gpu_watchdog_input_errors": "gauge",
     "gpu_watchdog_armed": "gauge",
     "gpu_watchdog_mode": "gauge",
@@ -391,7 +392,7 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield info
 
 
-INPUT_ERROR_KINDS = ("progress_file", "job", "store", "actions")
+INPUT_ERROR_KINDS = ("progress_file", "job", "persist", "store", "actions")
 
 
 def _error_metrics(snapshot: Snapshot) -> Iterator[Metric]:
@@ -410,6 +411,13 @@ def _error_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     failed = _counter(PREFIX + "failed_cycles_total", "Cycles that raised (nothing published).", [])
     failed.add_metric([], float(snapshot.counters.get("failed_cycles_total", 0.0)))
     yield failed
+    degraded = _counter(
+        PREFIX + "degraded_cycles_total",
+        "Cycles that raised, or in which a job could not be judged or its verdict recorded.",
+        [],
+    )
+    degraded.add_metric([], float(snapshot.counters.get("degraded_cycles_total", 0.0)))
+    yield degraded
 
 
 def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:

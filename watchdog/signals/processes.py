@@ -36,12 +36,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
 
+from gpu_triage.model.names import safe_job_key
+from gpu_triage.signals.cgroups import parse_cgroup_path
 from gpu_triage.signals.slurm import job_name as slurm_job_name
 
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.launch")
@@ -71,7 +74,13 @@ class RankEnv:
 
 
 def job_key(environ: Mapping[str, str]) -> str | None:
-    """A name shared by every rank of one job, from the environment; None if nothing identifies it."""
+    """A name shared by every rank of one job, from the environment; None if nothing identifies it.
+    The environment is its owner's to write: the name is made safe (bounded, printable) here."""
+    key = _raw_job_key(environ)
+    return None if key is None else safe_job_key(key)
+
+
+def _raw_job_key(environ: Mapping[str, str]) -> str | None:
     if environ.get("GPU_WATCHDOG_JOB"):
         return environ["GPU_WATCHDOG_JOB"]
     slurm = slurm_job_name(environ)  # slurm-<job>, or slurm-<job>.<step> inside an srun step
@@ -167,6 +176,12 @@ class Candidate:
     uid: int | None = None
     nspid: int | None = None
     """Its pid in its own (innermost) PID namespace, when that differs from ours (a container)."""
+    scope: str | None = None
+    """Its kernel-level job identity (:func:`kernel_scope`): ``slurm:<id>`` from its Slurm job cgroup,
+    ``container:<id>`` from its container's cgroup; None when neither."""
+    create_time: float | None = None
+    sid: int | None = None
+    """Its session (the launcher's process tree where no cgroup names the job)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +296,9 @@ class RankProcess:
     proof: tuple[str, ...] = ()
     """What ties it to the job (see :class:`Candidate`); a process without proof is never signalled."""
     uid: int | None = None
+    create_time: float | None = None
+    """With ``pid`` and ``uid``, the identity a signal is checked against (a recycled pid never matches)."""
+    scope: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,8 +504,14 @@ class ProcessInspector:
             # another job's GPU.
             guess_ok = cvd is not None or not nvml_gpus
             env_gpu = gpu_for_local_rank(local_rank, cvd, uuid_to_index) if guess_ok else None
+            scope = kernel_scope(_read_cgroup(pid))
             if env is not None and env.job:
                 job = env.job
+                if scope is not None and scope.startswith("slurm:") and job.startswith("slurm-"):
+                    # The kernel names the Slurm job: an environment naming another is not believed.
+                    kernel_id = scope.split(":", 1)[1]
+                    if job.split("-", 1)[1].split(".", 1)[0] != kernel_id:
+                        job = f"slurm-{kernel_id}"
             elif under_launcher is not None:
                 job = f"launcher-{under_launcher}"
             else:
@@ -508,6 +532,9 @@ class ProcessInspector:
                 proof=proof,
                 uid=_uid(proc),
                 nspid=_nspid(pid),
+                scope=scope,
+                sid=_sid(pid),
+                create_time=_create_time(proc),
             )
 
         if not scan_environ:  # ranks found by the last scan stay until the next one
@@ -521,10 +548,15 @@ class ProcessInspector:
 
         # Progress files are claims: each is joined to the process it names only with proof.
         untrusted: list[UntrustedClaim] = []
-        renames: dict[str, str] = {}
+        renames: dict[tuple[str, int | None, str | None], str] = {}
+        claimed_trees: dict[tuple[str, int | None, str | None], set[tuple[str, int]]] = {}
+        by_nspid: dict[int, list[Candidate]] = {}
+        for c in found.values():
+            if c.nspid is not None and c.nspid != c.pid:
+                by_nspid.setdefault(c.nspid, []).append(c)
         for claim in claims:
             direct = found.get(claim.pid) if claim.host_is_local else None
-            inner = [c for c in found.values() if c.nspid == claim.pid and c.pid != claim.pid]
+            inner = by_nspid.get(claim.pid, [])
             options = ([direct] if direct is not None else []) + inner
             reasons: list[str] = []
             chosen: Candidate | None = None
@@ -538,7 +570,8 @@ class ProcessInspector:
                 if reasons:
                     untrusted.append(UntrustedClaim(claim.job, claim.rank, claim.pid, "; ".join(reasons)))
                 continue  # or: the pid is not here (gone, or on another node): the file speaks alone
-            renames.setdefault(chosen.job, claim.job)
+            renames.setdefault(_identity(chosen), claim.job)
+            claimed_trees.setdefault(_identity(chosen), set()).update(_tree(chosen))
             found[chosen.pid] = dataclasses.replace(
                 chosen,
                 job=claim.job,
@@ -554,8 +587,10 @@ class ProcessInspector:
                 del found[u.pid]
         self._untrusted = tuple(untrusted)
 
-        # A group with any pid joined to a progress file takes the progress file's job name.
-        ranks = [_replace_job(c, renames[c.job]) if c.job in renames else c for c in found.values()]
+        # A group - one environment job name, one owner, one kernel identity - with any pid joined to a
+        # progress file takes the progress file's job name; groups of other owners or identities that
+        # carry the same environment name never follow (another user's processes never join a job).
+        ranks = name_groups(list(found.values()), renames, claimed_trees)
         ranks = pick_ranks(ranks)
 
         tracked: dict[int, _Tracked] = {}
@@ -616,7 +651,7 @@ class ProcessInspector:
                 alive=False, status=t.status, pgid=t.pgid, cpu_time_s=None, cpu_time_delta_s=None,
                 read_bytes_delta=None, write_bytes_delta=None, read_chars_delta=None,
                 write_chars_delta=None, interval_s=None, gone_since_s=t.gone_since_s,
-                proof=c.proof, uid=c.uid,
+                proof=c.proof, uid=c.uid, create_time=t.create_time, scope=c.scope,
             )  # fmt: skip
         deltas: list[int | None] = [None, None, None, None]
         cpu_delta = interval = None
@@ -633,6 +668,7 @@ class ProcessInspector:
             alive=True, status=t.status, pgid=t.pgid, cpu_time_s=cpu_s, cpu_time_delta_s=cpu_delta,
             read_bytes_delta=deltas[0], write_bytes_delta=deltas[1], read_chars_delta=deltas[2],
             write_chars_delta=deltas[3], interval_s=interval, proof=c.proof, uid=c.uid,
+            create_time=t.create_time, scope=c.scope,
         )  # fmt: skip
 
 
@@ -677,8 +713,109 @@ def _under(
     return None
 
 
-def _replace_job(c: Candidate, job: str) -> Candidate:
-    return dataclasses.replace(c, job=job)
+def _identity(c: Candidate) -> tuple[str, int | None, str | None]:
+    return (c.job, c.uid, c.scope)
+
+
+def name_groups(
+    cands: Sequence[Candidate],
+    renames: Mapping[tuple[str, int | None, str | None], str],
+    claimed_trees: Mapping[tuple[str, int | None, str | None], set[tuple[str, int]]] | None = None,
+) -> list[Candidate]:
+    """Final job names (pure). Candidates are grouped by (environment job name, owner uid, kernel
+    scope). A process a progress file claimed (with proof) is in the claim's job; so is the rest of its
+    group (``renames``) - where no cgroup names the job, only the processes that share a claimed
+    process's session or parent (``claimed_trees``: the launcher's process tree), so a same-named job
+    of the same user started elsewhere stays apart. A name that two groups would share goes to one of
+    them: the claimed group first, else the one with the oldest process (a later process cannot take a
+    running job's name); each other group gets the name with ``@uid<uid>`` (another owner), ``@<scope>`` or
+    ``@sid<session>`` appended, so no group ever joins another's job."""
+    final: dict[tuple[str, int | None, str | None, bool], list[Candidate]] = {}
+    for c in cands:
+        ident = _identity(c)
+        if "progress_file" in c.proof:
+            name, claimed = c.job, True
+        elif ident in renames and (
+            c.scope is not None or claimed_trees is None or bool(_tree(c) & claimed_trees.get(ident, set()))
+        ):
+            name, claimed = renames[ident], True
+        else:
+            name, claimed = c.job, False
+        final.setdefault((name, c.uid, c.scope, claimed), []).append(c)
+    best: dict[str, tuple[tuple[int, float], tuple[int | None, str | None, bool]]] = {}
+    for (name, uid, scope, claimed), members in final.items():
+        oldest = min((c.create_time if c.create_time is not None else float("inf")) for c in members)
+        rank = (0 if claimed else 1, oldest)
+        if name not in best or rank < best[name][0]:
+            best[name] = (rank, (uid, scope, claimed))
+    out = []
+    for (name, uid, scope, claimed), members in final.items():
+        w_uid, w_scope, w_claimed = best[name][1]
+        job = name
+        if (uid, scope, claimed) != (w_uid, w_scope, w_claimed) and not claimed:
+            if uid != w_uid:
+                job = f"{name}@uid{uid}"
+            elif scope != w_scope:
+                job = f"{name}@{scope}"
+            else:
+                sids = [c.sid for c in members if c.sid is not None]
+                job = f"{name}@sid{min(sids)}" if sids else f"{name}@other"
+        for c in members:
+            keep = "progress_file" in c.proof or c.job == job
+            out.append(c if keep else dataclasses.replace(c, job=job))
+    return out
+
+
+def kernel_scope(cgroup_text: str | None) -> str | None:
+    """The kernel-level job identity in ``/proc/PID/cgroup`` text (pure): the Slurm job cgroup
+    (``.../job_<id>/...``, made by slurmd) or a container's cgroup; None for neither."""
+    if not cgroup_text:
+        return None
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        m = _CGROUP_JOB.search(path)
+        if m is not None:
+            return f"slurm:{m.group(1)}"
+    for line in cgroup_text.splitlines():
+        pod = parse_cgroup_path(line.split(":", 2)[-1])
+        if pod is not None:
+            return f"container:{(pod.container_id or pod.pod_uid)[:16]}"
+    return None
+
+
+_CGROUP_JOB = re.compile(r"/job_(\d{1,20})(?:/|$)")
+
+
+def _read_cgroup(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            return f.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _tree(c: Candidate) -> set[tuple[str, int]]:
+    """Where ``c`` sits in the process tree: its session and its parent (not init)."""
+    out: set[tuple[str, int]] = set()
+    if c.sid is not None and c.sid > 1:
+        out.add(("sid", c.sid))
+    if c.ppid is not None and c.ppid > 1:
+        out.add(("ppid", c.ppid))
+    return out
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _create_time(proc: psutil.Process) -> float | None:
+    try:
+        return proc.create_time()
+    except (psutil.Error, OSError):
+        return None
 
 
 __all__ = [
@@ -694,7 +831,9 @@ __all__ = [
     "is_launcher",
     "job_key",
     "judge_claim",
+    "kernel_scope",
     "local_rank_from_cmdline",
+    "name_groups",
     "pick_ranks",
     "rank_env",
 ]

@@ -42,6 +42,7 @@ import psutil
 
 from gpu_triage.contract import FIELDS, LEASE_SCOPES, MAX_FILE_BYTES, PHASES, STALE_AFTER_S
 from gpu_triage.model.clock import wall_to_timeline
+from gpu_triage.model.names import job_name_problem, printable
 
 MAX_DEPTH = 4
 """Nesting of JSON arrays/objects a progress file may have (the contract's record is flat: depth 1)."""
@@ -50,6 +51,15 @@ MAX_RANK = 1_000_000
 MAX_JOB_DIRS = 1024
 MAX_FILES_PER_JOB = 4096
 """Entries scanned per progress directory / job directory per cycle; the rest is reported, not read."""
+MAX_ROOT_ENTRIES = 65_536
+"""Entries of the progress directory itself listed per cycle (each costs one ``lstat``)."""
+MAX_JOB_DIRS_PER_OWNER = 64
+MAX_ENTRIES_PER_OWNER = 4096
+MAX_FILES_PER_OWNER = 1024
+"""Per owner (uid) of the job directories, per cycle: job directories read, entries listed in them,
+rank files considered. One user's files can never use up what another user's job needs: the caps are
+per owner, and jobs that had live ranks (and jobs the daemon was told hold live proven ranks) are read
+first, then the most recently changed."""
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +128,7 @@ def _int(data: Mapping[str, Any], name: str, low: int = 0, high: int = _INT_MAX)
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return printable(repr(value), 80)
 
 
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -174,8 +183,11 @@ def parse_record(data: bytes | str) -> ProgressRecord:
     job, host, phase = obj["job"], obj["host"], obj["phase"]
     if not isinstance(job, str) or not job:
         raise ProgressFormatError(f"job: expected a non-empty string, got {_short(job)}")
-    if not isinstance(host, str):
-        raise ProgressFormatError(f"host: expected a string, got {_short(host)}")
+    problem = job_name_problem(job)
+    if problem is not None:
+        raise ProgressFormatError(f"job: {problem}, got {_short(job)}")
+    if not isinstance(host, str) or len(host) > 255:
+        raise ProgressFormatError(f"host: expected a string of at most 255 characters, got {_short(host)}")
     if not isinstance(phase, str) or phase not in PHASES:
         raise ProgressFormatError(f"phase: expected one of {', '.join(PHASES)}, got {_short(phase)}")
     rank, world_size = _int(obj, "rank", 0, MAX_RANK), _int(obj, "world_size", 1, MAX_RANK + 1)
@@ -464,6 +476,16 @@ class _Cached:
     dir_uid: int | None = None
     raw: ProgressRecord | None = None
     """The record as written (wall-clock times); ``record`` holds them placed on the daemon's timeline."""
+    record_uid: int | None = None
+    """The owner of the file ``record`` was read from (kept when a tampered path keeps its record)."""
+
+
+def _bounded(errors: list[FileError], limit: int = 64) -> list[FileError]:
+    """At most ``limit`` error entries (a hostile directory may hold thousands), then one that counts
+    the rest."""
+    if len(errors) <= limit:
+        return errors
+    return [*errors[:limit], FileError(Path("..."), f"{len(errors) - limit} more errors not listed")]
 
 
 def _rank_of(name: str) -> int | str | None:
@@ -504,6 +526,10 @@ class ProgressReader:
         self.reads_total = 0
         """Files actually opened and parsed (not served from the cache)."""
         self._logged: set[tuple[str, str]] = set()
+        self._live_dirs: set[str] = set()
+        self._cache_paths: dict[str, Path] = {}
+        self.priority: frozenset[str] = frozenset()
+        """Job directory names read first (the daemon sets: jobs with live proven ranks)."""
         self._now_s = self._wall_s = 0.0
 
     def read(self, now_s: float, *, wall_s: float | None = None) -> ProgressView:
@@ -516,7 +542,7 @@ class ProgressReader:
         errors: list[FileError] = []
         seen: dict[Path, _Cached] = {}
         try:
-            job_dirs = [e for e in os.scandir(self.directory) if e.is_dir(follow_symlinks=False)]
+            job_dirs = self._job_dirs(errors)
         except FileNotFoundError:
             self._cache.clear()
             self.tracker.forget(())
@@ -524,28 +550,25 @@ class ProgressReader:
         except OSError as e:
             return ProgressView(now_s, {}, (FileError(self.directory, str(e)),))
 
-        if len(job_dirs) > MAX_JOB_DIRS:
-            errors.append(
-                FileError(
-                    self.directory, f"{len(job_dirs)} job directories, only the first {MAX_JOB_DIRS} read"
-                )
-            )
-            job_dirs = sorted(job_dirs, key=lambda e: e.name)[:MAX_JOB_DIRS]
-        for job_dir in job_dirs:
+        entries_used: dict[int, int] = {}
+        files_used: dict[int, int] = {}
+        for job_dir, dir_uid in job_dirs:
             try:
-                dir_uid = job_dir.stat(follow_symlinks=False).st_uid
                 entries = []
+                budget = min(MAX_FILES_PER_JOB, MAX_ENTRIES_PER_OWNER - entries_used.get(dir_uid, 0))
                 with os.scandir(job_dir.path) as it:
                     for entry in it:
-                        if len(entries) >= MAX_FILES_PER_JOB:
+                        if len(entries) >= budget:
                             errors.append(
                                 FileError(
                                     Path(job_dir.path),
-                                    f"more than {MAX_FILES_PER_JOB} entries, the rest not read",
+                                    f"more than {budget} entries (per job directory and per owner), "
+                                    "the rest not read",
                                 )
                             )
                             break
                         entries.append(entry)
+                entries_used[dir_uid] = entries_used.get(dir_uid, 0) + len(entries)
             except OSError as e:
                 errors.append(FileError(Path(job_dir.path), str(e)))
                 continue
@@ -553,43 +576,67 @@ class ProgressReader:
                 rank = _rank_of(entry.name)
                 if rank is None:
                     continue  # temp files of writers, anything else
-                path = Path(entry.path)
+                old = self._cache_paths.get(entry.path)
+                path = old if old is not None else Path(entry.path)
                 if isinstance(rank, str):
                     errors.append(FileError(path, rank))
                     continue
+                if files_used.get(dir_uid, 0) >= MAX_FILES_PER_OWNER:
+                    errors.append(
+                        FileError(
+                            path, f"more than {MAX_FILES_PER_OWNER} rank files of uid {dir_uid}, not read"
+                        )
+                    )
+                    break
+                files_used[dir_uid] = files_used.get(dir_uid, 0) + 1
                 try:
-                    cached = self._load(path, entry, job_dir.name, rank)
+                    cached = self._load(path, entry, job_dir.name, rank, dir_uid)
                 except Exception as e:  # one file never blinds the others (bug or hostile bytes)
                     cached = _Cached((0, 0, 0), None, f"unreadable: {type(e).__name__}: {e}"[:300])
                 cached.dir_uid = dir_uid
                 seen[path] = cached
 
         self._cache = seen
+        self._cache_paths = {str(p): p for p in seen}
         jobs: dict[str, tuple[dict[int, RankProgress], dict[int, RankProgress]]] = {}
         keep: list[tuple[str, int]] = []
         untrusted: list[UntrustedFile] = []
-        for path, cached in sorted(seen.items()):
+        live_dirs: set[str] = set()
+        exists: dict[int, bool] = {}  # one /proc lookup per pid per cycle, however many files name it
+        for path, cached in sorted(seen.items(), key=lambda kv: str(kv[0])):
             if cached.record is None:
                 errors.append(FileError(path, cached.error or "unreadable"))
                 continue
+            if cached.error is not None:  # a record kept while its path was tampered with
+                errors.append(FileError(path, cached.error))
             record = cached.record
-            if cached.uid not in (None, 0, cached.dir_uid):
-                # Job directories are group-writable: a file another user put there must not speak
-                # for the job (nor get its processes signalled).
+            owner = cached.record_uid if cached.record_uid is not None else cached.uid
+            if owner not in (None, 0, cached.dir_uid):
+                # Job directories of old writers are group-writable: a file another user put there
+                # never speaks for the directory owner's job (nor gets its processes signalled). It is
+                # its owner's job, under a name of its own; a squatted directory (made by another user
+                # before the job started) so never hides the job's own files.
                 untrusted.append(
                     UntrustedFile(
                         path,
                         record.job,
                         record.rank,
                         record.pid,
-                        f"owned by uid {cached.uid}, its job directory by uid {cached.dir_uid}",
+                        f"owned by uid {owner}, its job directory by uid {cached.dir_uid}: "
+                        f"read as job {record.job}@uid{owner}",
                     )
                 )
-                continue
+                record = replace(record, job=f"{record.job}@uid{owner}")
             mark = self.tracker.observe(record)
             keep.append((record.job, record.rank))
-            alive = self._pid_exists(record.pid) if record.host == self.host else None
+            alive = None
+            if record.host == self.host:
+                if record.pid not in exists:
+                    exists[record.pid] = self._pid_exists(record.pid)
+                alive = exists[record.pid]
             reason = stale_reason(record, now_s, pid_alive=alive, stale_after_s=self.stale_after_s)
+            if reason is None:
+                live_dirs.add(path.parent.name)
             view = RankProgress(
                 record,
                 path,
@@ -598,11 +645,13 @@ class ProgressReader:
                 reason,
                 phase_since_s=mark.phase_since_s,
                 previous_phase=mark.previous_phase,
-                owner_uid=cached.uid,
+                owner_uid=owner,
             )
             live, stale = jobs.setdefault(record.job, ({}, {}))
             (stale if reason else live)[record.rank] = view
         self.tracker.forget(keep)
+        self._live_dirs = live_dirs
+        errors = _bounded(errors)
         self._log_errors(errors)
         return ProgressView(
             now_s,
@@ -611,15 +660,63 @@ class ProgressReader:
             untrusted=tuple(untrusted),
         )
 
+    def _job_dirs(self, errors: list[FileError]) -> list[tuple[os.DirEntry[str], int]]:
+        """The job directories to read this cycle, with their owners: valid names only, at most
+        :data:`MAX_JOB_DIRS_PER_OWNER` per owner and :data:`MAX_JOB_DIRS` in all; jobs with live ranks
+        (last cycle, or named in :attr:`priority`) first, then the most recently changed."""
+        found: list[tuple[int, float, str, os.DirEntry[str], int]] = []
+        listed = 0
+        bad = 0
+        with os.scandir(self.directory) as it:
+            for entry in it:
+                listed += 1
+                if listed > MAX_ROOT_ENTRIES:
+                    errors.append(
+                        FileError(self.directory, f"more than {MAX_ROOT_ENTRIES} entries, the rest not read")
+                    )
+                    break
+                try:
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                problem = job_name_problem(entry.name)
+                if problem is not None:
+                    bad += 1
+                    errors.append(FileError(Path(entry.path), f"not a job directory: {problem}"))
+                    continue
+                first = 0 if entry.name in self.priority or entry.name in self._live_dirs else 1
+                found.append((first, -st.st_ctime, entry.name, entry, st.st_uid))
+        found.sort(key=lambda f: f[:3])
+        per_owner: dict[int, int] = {}
+        out: list[tuple[os.DirEntry[str], int]] = []
+        skipped: dict[int, int] = {}
+        for _, _, _, entry, uid in found:
+            if per_owner.get(uid, 0) >= MAX_JOB_DIRS_PER_OWNER or len(out) >= MAX_JOB_DIRS:
+                skipped[uid] = skipped.get(uid, 0) + 1
+                continue
+            per_owner[uid] = per_owner.get(uid, 0) + 1
+            out.append((entry, uid))
+        for uid, count in sorted(skipped.items()):
+            errors.append(
+                FileError(
+                    self.directory,
+                    f"{count} job directories of uid {uid} not read this cycle (at most "
+                    f"{MAX_JOB_DIRS_PER_OWNER} per owner, {MAX_JOB_DIRS} in all)",
+                )
+            )
+        return out
+
     def _log_errors(self, errors: list[FileError]) -> None:
         """A warning once per (file, error) while it lasts: a bad file is logged when it turns bad (or
         changes its error), not every cycle; a fixed file may be logged again if it breaks again."""
         current = {(str(e.path), e.error) for e in errors}
         for path, error in sorted(current - self._logged):
-            log.warning("progress file %s ignored: %s", path, error)
+            log.warning("progress file %s ignored: %s", printable(path), printable(error))
         self._logged = current
 
-    def _load(self, path: Path, entry: os.DirEntry[str], job: str, rank: int) -> _Cached:
+    def _load(self, path: Path, entry: os.DirEntry[str], job: str, rank: int, dir_uid: int) -> _Cached:
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError as e:
@@ -628,8 +725,29 @@ class ProgressReader:
         cached = self._cache.get(path)
         if cached is not None and cached.key == key and cached.uid == st.st_uid:
             return cached
+        if (
+            cached is not None
+            and cached.record is not None
+            and st.st_uid != 0
+            and (
+                not stat.S_ISREG(st.st_mode)  # a directory is never a rank file's next version
+                or (cached.record_uid in (0, dir_uid) and st.st_uid not in (0, dir_uid))
+            )
+        ):
+            # The job's own rank file was replaced by another user's entry (a directory, a file): the
+            # job keeps its last word (a rank frozen since then is still seen frozen), reported.
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "an entry"
+            return _Cached(
+                cached.key,
+                cached.record,
+                f"replaced by {kind} of uid {st.st_uid}; the job's last record is kept",
+                uid=cached.uid,
+                record_uid=cached.record_uid,
+                raw=cached.raw,
+            )
         loaded = self._parse(path, st, key, job, rank)
         loaded.uid = st.st_uid
+        loaded.record_uid = st.st_uid if loaded.record is not None else None
         if loaded.record is not None:
             loaded.raw = loaded.record
             loaded.record = self._place(loaded.record, cached)

@@ -21,6 +21,7 @@ from gpu_triage.classify.bands import CODE
 from gpu_triage.classify.hysteresis import Carry, classify_series
 from gpu_triage.classify.power_table import PowerTable, TableError
 from gpu_triage.classify.table_files import match_model, resolve_table
+from gpu_triage.model.limits import MAX_POWER_LIMIT_W, MIN_POWER_LIMIT_W, power_limit_problem
 from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError, RecordingHeader
 from gpu_triage.triage import DEFAULT_DEADLOCK_AFTER_S
@@ -176,6 +177,8 @@ def _check_options(opts: TriageOptions) -> None:
         value = getattr(opts, name)
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise TriageInputError(f"{name}: expected a finite number above 0, got {value!r}")
+    if opts.power_limit_w is not None and power_limit_problem(opts.power_limit_w) is not None:
+        raise TriageInputError(f"--power-limit: {power_limit_problem(opts.power_limit_w)}")
 
 
 def triage_file(
@@ -186,6 +189,8 @@ def triage_file(
     _check_options(opts)
     reader = _reader(path, opts.gpus, opts.chunk_bytes, opts.columns)
     header = reader.header
+    if header.power_limit_w is not None and power_limit_problem(header.power_limit_w) is not None:
+        raise TriageInputError(f"{path}: power.limit: {power_limit_problem(header.power_limit_w)}")
     table, limit_w = _pick_table(opts, header.gpu_names, header.power_limit_w)
     model = (
         table.model
@@ -218,6 +223,10 @@ def triage_file(
         p_all = chunk.power_w[order]
         u_all = chunk.utilization_ratio[order]
         if use_file_limit and np.isfinite(chunk.power_limit_w).any():
+            finite = chunk.power_limit_w[np.isfinite(chunk.power_limit_w)]
+            bad = finite[(finite < MIN_POWER_LIMIT_W) | (finite > MAX_POWER_LIMIT_W)]
+            if bad.size:
+                raise TriageInputError(f"{path}: power.limit: {power_limit_problem(float(bad[0]))}")
             lim_all = np.where(np.isfinite(chunk.power_limit_w[order]), chunk.power_limit_w[order], limit_w)
         else:
             lim_all = None

@@ -62,7 +62,14 @@ def job_views(
     (False on cycles between two inspections, so writes are not counted twice). ``untrusted``: claims
     the inspector refused; ``untrusted_files``: files the reader refused (their owner), each a dict
     with at least ``job``."""
-    refused = {(u.job, u.rank): u for u in untrusted}
+    # Indexed by job once: the cost is linear in claims + jobs, never jobs x claims (another user's
+    # thousands of refused files must not slow every job's fusion).
+    refused_by_job: dict[str, dict[int, UntrustedClaim]] = {}
+    for u in untrusted:
+        refused_by_job.setdefault(u.job, {})[u.rank] = u
+    files_by_job: dict[str, list[Mapping[str, object]]] = {}
+    for f in untrusted_files:
+        files_by_job.setdefault(str(f.get("job")), []).append(f)
     out = []
     jobs = set(progress) | set(processes)
     for job in sorted(jobs):
@@ -73,10 +80,11 @@ def job_views(
             for rank, r in jp.stale.items():
                 if r.stale is StaleReason.SILENT and rank not in ranks_prog:
                     ranks_prog[rank] = r
-        notes = [u.to_dict() for key, u in refused.items() if key[0] == job]
-        notes += [dict(u) for u in untrusted_files if u.get("job") == job]
-        for key in [k for k in refused if k[0] == job]:
-            ranks_prog.pop(key[1], None)
+        refused = refused_by_job.get(job, {})
+        notes = [u.to_dict() for u in refused.values()]
+        notes += [dict(u) for u in files_by_job.get(job, ())]
+        for rank in refused:
+            ranks_prog.pop(rank, None)
         procs = list(processes.get(job, ()))
         by_rank = {p.rank: p for p in procs if p.rank is not None}
         by_pid = {p.pid: p for p in procs}
