@@ -40,7 +40,7 @@ EXTRA_BUDGET = 0.01
 
 CHILD = r"""
 import sys, time
-from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon, install_signal_handlers
 from gpu_triage.telemetry.sim import SimSource
 port, state, progress, start, gpus, stacks, scenario = sys.argv[1:8]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpu_triage import __version__
-from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.config import load_config, override
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "kubernetes"
@@ -140,7 +140,7 @@ def test_the_daemonsets_config_checks_out_with_the_optional_secret_absent(tmp_pa
     """The Secret is optional in the DaemonSet, so its file may be missing on a node: check-config (what
     `run` loads) passes off-cluster, the daemon gets no token (mutations answer 403) and says so."""
     from gpu_triage.cli.ops import check_config
-    from gpu_triage.config.settings import load_token
+    from gpu_triage.daemon.config import load_token
 
     volumes = {v["name"]: v for v in by_kind("DaemonSet")["spec"]["template"]["spec"]["volumes"]}
     assert volumes["token"]["secret"]["optional"] is True

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ft_trainer.progress import ProgressWriter
+from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.engine import ActionEngine
 from gpu_triage.actions.silences import SilenceBook
-from gpu_triage.config.settings import ActionsConfig, AlertsConfig
+from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.daemon.loop import progress_claims
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.states import Mode

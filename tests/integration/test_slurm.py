@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.telemetry.none import NoneSource
 from tests.conftest import REPO, in_ci

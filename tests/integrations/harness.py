@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.model.snapshot import Snapshot
 from gpu_triage.telemetry.none import NoneSource

@@ -208,7 +208,7 @@ def run_csv(data: bytes, tmp: Path) -> str:
 
 
 def run_config(data: bytes, tmp: Path) -> str:
-    from gpu_triage.config.settings import ConfigError, load_config
+    from gpu_triage.daemon.config import ConfigError, load_config
 
     path = tmp / "config.toml"
     path.write_bytes(data)

@@ -29,7 +29,7 @@ import pytest
 
 from ft_trainer.progress import ProgressWriter
 from gpu_triage.actions.engine import ActionEngine
-from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.telemetry.none import NoneSource
 from tests.conftest import in_ci

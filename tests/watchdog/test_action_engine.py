@@ -17,7 +17,7 @@ import pytest
 from gpu_triage.actions.engine import ActionEngine
 from gpu_triage.actions.evidence import find_py_spy
 from gpu_triage.actions.silences import SilenceBook
-from gpu_triage.config.settings import ActionsConfig, AlertsConfig, SinkConfig
+from gpu_triage.daemon.config import ActionsConfig, AlertsConfig, SinkConfig
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import GpuState, Mode, Verdict

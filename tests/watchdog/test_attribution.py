@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ft_trainer.progress import ProgressWriter
-from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon, progress_claims
 from gpu_triage.signals.processes import ProcessInspector, ProgressClaim, judge_claim
 from gpu_triage.signals.progress import ProgressReader

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.config.settings import (
+from gpu_triage.daemon.config import (
     Config,
     ConfigError,
     load_config,
@@ -135,7 +135,7 @@ routing_key_file = "/etc/gpu-watchdog/pd.key"
 
 def test_error_names_file_key_expected_and_actual(tmp_path: Path) -> None:
     path = write(tmp_path, '[daemon]\nperiod_s = "fast"\n')
-    assert problems(path) == [f'{path}: daemon.period_s: expected a number between 0.1 and 60, got "fast"']
+    assert problems(path) == [f'{path}:2: daemon.period_s: expected a number between 0.1 and 60, got "fast"']
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
@@ -152,12 +152,12 @@ max_kills_per_hour = 1.5
 """,
     )
     assert problems(path) == [
-        f"{path}: daemon.period_s: expected a number between 0.1 and 60, got 100",
-        f'{path}: daemon.listen: expected HOST:PORT (e.g. "127.0.0.1:9410" or "[::1]:9410"; '
+        f"{path}:3: daemon.period_s: expected a number between 0.1 and 60, got 100",
+        f'{path}:4: daemon.listen: expected HOST:PORT (e.g. "127.0.0.1:9410" or "[::1]:9410"; '
         'port 0 picks a free one), got "localhost"',
-        f'{path}: actions.mode: expected one of observe, alert, kill, got "nuke"',
-        f'{path}: actions.dry_run: expected true or false, got "yes"',
-        f"{path}: actions.max_kills_per_hour: expected an integer between 0 and 100, got 1.5",
+        f'{path}:6: actions.mode: expected one of observe, alert, kill, got "nuke"',
+        f'{path}:7: actions.dry_run: expected true or false, got "yes"',
+        f"{path}:8: actions.max_kills_per_hour: expected an integer between 0 and 100, got 1.5",
     ]
 
 
@@ -201,7 +201,7 @@ def test_a_typo_is_named_with_its_line_even_in_sinks_and_after_multiline_strings
 def test_power_only_rule_is_capped_at_180_s(tmp_path: Path) -> None:
     path = write(tmp_path, "[detector]\npower_only_after_s = 300\n")
     assert problems(path) == [
-        f"{path}: detector.power_only_after_s: expected a number between 10 and 180, got 300"
+        f"{path}:2: detector.power_only_after_s: expected a number between 10 and 180, got 300"
     ]
 
 
@@ -211,9 +211,9 @@ def test_cross_key_constraints(tmp_path: Path) -> None:
         "[detector]\nfast_min_s = 60\nstall_min_s = 30\n[actions]\ncapture_after_s = 10\nalert_after_s = 5\n",
     )
     assert problems(path) == [
-        f"{path}: detector.stall_min_s: expected at least detector.fast_min_s (60): a stall without proof "
+        f"{path}:3: detector.stall_min_s: expected at least detector.fast_min_s (60): a stall without proof "
         "is called no sooner than a proven hang, got 30.0",
-        f"{path}: actions.alert_after_s: expected at least actions.capture_after_s (10): "
+        f"{path}:6: actions.alert_after_s: expected at least actions.capture_after_s (10): "
         "evidence is captured first, got 5.0",
     ]
 
@@ -234,12 +234,14 @@ timout_s = 3
 url = "http://x"
 """,
     )
-    assert [p.removeprefix(f"{path}: ").removeprefix(f"{path}:9: ") for p in problems(path)] == [
-        "alerts.sinks[0].url: expected exactly one of url and url_file for a slack sink, got nothing",
-        "alerts.sinks[1].routing_key_file: expected a path (a pagerduty sink needs a routing key), "
+    assert problems(path) == [  # each at its own line (a missing key: its sink's header)
+        f"{path}:2: alerts.sinks[0].url: expected exactly one of url and url_file for a slack sink, "
         "got nothing",
-        "alerts.sinks[2].timout_s: unknown key (did you mean 'timeout_s'?)",  # on line 9
-        "alerts.sinks[3].kind: expected one of webhook, alertmanager, pagerduty, slack, got nothing",
+        f"{path}:4: alerts.sinks[1].routing_key_file: expected a path (a pagerduty sink needs a routing "
+        "key), got nothing",
+        f"{path}:9: alerts.sinks[2].timout_s: unknown key (did you mean 'timeout_s'?)",
+        f"{path}:10: alerts.sinks[3].kind: expected one of webhook, alertmanager, pagerduty, slack, "
+        "got nothing",
     ]
 
 

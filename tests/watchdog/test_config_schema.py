@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import enum
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal
 
 import pytest
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from gpu_triage.model.config_schema import (
     Invalid,
     Reader,
+    Rule,
     SchemaError,
     TomlLines,
     derived,
@@ -273,3 +276,30 @@ def test_arrays_of_tables_report_each_entry_at_its_own_lines(tmp_path: Path) -> 
     assert reader.read(Alerts, tomllib.loads(good)["alerts"], "alerts") == Alerts(
         sinks=(Sink(kind="webhook", url="http://a"), Sink(kind="slack", url="http://b", timeout_s=2.0))
     )
+
+
+@dataclass(frozen=True)
+class Dwell:
+    dwell_s: Mapping[str, float] = setting(
+        default_factory=lambda: MappingProxyType({}), keys=("idle", "compute"), ge=0, le=60
+    )
+
+
+def test_a_table_of_named_values_reports_each_key_at_its_line(tmp_path: Path) -> None:
+    """``Mapping[str, X]`` with ``keys``: an unknown key gets a did-you-mean, a bad value its bounds,
+    each at ``field.key`` and its own line; from elsewhere, the origin instead of a line."""
+    text = "[s.dwell_s]\nidle = 3\ncompte = 1\ncompute = 99\n"
+    reader = Reader(tmp_path / "c.toml", text)
+    assert reader.read(Dwell, tomllib.loads(text)["s"], "s") is None
+    assert [str(p) for p in reader.problems] == [
+        f"{tmp_path / 'c.toml'}:3: s.dwell_s.compte: unknown key (did you mean 'compute'?)",
+        f"{tmp_path / 'c.toml'}:4: s.dwell_s.compute: expected a number between 0 and 60, got 99",
+    ]
+    ok = Reader(tmp_path / "c.toml").read(Dwell, {"dwell_s": {"idle": 2}}, "s")
+    assert ok is not None and dict(ok.dwell_s) == {"idle": 2.0}
+    env = Reader(tmp_path / "c.toml")
+    assert env.read(Dwell, {"dwell_s": {"idle": -1}}, "s", origins={"dwell_s": "ENV_X"}) is None
+    assert [str(p) for p in env.problems] == [
+        "ENV_X: s.dwell_s.idle: expected a number between 0 and 60, got -1"
+    ]
+    assert describe(Mapping[str, float], Rule(ge=0, le=60)) == "a table of numbers between 0 and 60"

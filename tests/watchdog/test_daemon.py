@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from ft_trainer.progress import ProgressWriter
-from gpu_triage.config.settings import load_config, override
+from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.telemetry.none import NoneSource
@@ -204,7 +204,7 @@ def test_bad_config_exits_2_naming_file_key_and_value(tmp_path: Path):
         [*GPU_WATCHDOG, "run", "--config", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2
-    assert f'{cfg}: daemon.period_s: expected a number between 0.1 and 60, got "fast"' in r.stderr
+    assert f'{cfg}:2: daemon.period_s: expected a number between 0.1 and 60, got "fast"' in r.stderr
 
 
 def test_port_in_use_exits_2_with_a_clear_message(tmp_path: Path):

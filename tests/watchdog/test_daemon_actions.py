@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import pytest
 
-from gpu_triage.config.settings import SinkConfig, load_config, override
+from gpu_triage.daemon.config import SinkConfig, load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.journal.logs import LOGGER_NAME
 from gpu_triage.telemetry.sim import SimSource

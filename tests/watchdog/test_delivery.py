@@ -27,7 +27,7 @@ import pytest
 
 from gpu_triage.actions.delivery import Delivery, backoff_s
 from gpu_triage.alerts.model import Alert, Condition, build_alert, resolve
-from gpu_triage.config.settings import AlertsConfig, SinkConfig
+from gpu_triage.daemon.config import AlertsConfig, SinkConfig
 from gpu_triage.journal.eventstore import EventStore
 from tests.conftest import require_binary
 from tests.watchdog.snapshots import T0

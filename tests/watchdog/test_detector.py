@@ -9,6 +9,7 @@ every kind of hang) are the scenario corpus: tests/watchdog/test_verdict_corpus.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from gpu_triage.model.states import GpuState, Verdict
@@ -293,19 +294,22 @@ def test_wedged_gpu_reads_become_telemetry_lost():
     assert onset == 30 and t == 40
 
 
-def test_daemon_config_mirrors_the_detector_config():
-    """[detector] in the TOML config is the detector's own config, key for key, default for default."""
-    import dataclasses
+def test_the_detector_section_of_the_config_file_is_the_detectors_own_config(tmp_path):
+    """[detector] is read straight into the detector's DetectorConfig (no mirror): every key the file
+    may set is one of its fields, and the derived ones come from [stacks], [daemon] and [cluster]."""
+    from gpu_triage.daemon.config import detector_config, load_config, schema_keys
 
-    from gpu_triage.config import settings as config
-
-    ours = {f.name: f.default for f in dataclasses.fields(DetectorConfig)}
-    theirs = {f.name: f.default for f in dataclasses.fields(config.DetectorConfig)}
-    # the stack thresholds come from [stacks] (config.StacksConfig.detector_settings)
-    theirs.update(config.StacksConfig().detector_settings())
-    # the fleet's staleness from [cluster], this node's name from [daemon] node
-    theirs.update(config.ClusterConfig().detector_settings(), fleet_node="this node")
-    assert ours == theirs
+    keys = {k.split(".", 1)[1] for k in schema_keys() if k.startswith("detector.")}
+    assert keys and keys <= {f.name for f in dataclasses.fields(DetectorConfig)}
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[daemon]\nnode = "n7"\n[detector]\nk_fast = 2.5\n'
+        "[stacks]\nfrozen_s = 33\n[cluster]\nstale_after_s = 9\n"
+    )
+    cfg = detector_config(load_config(path, {}))
+    assert type(cfg) is DetectorConfig and cfg.k_fast == 2.5
+    assert (cfg.stacks.frozen_s, cfg.fleet_node, cfg.fleet_stale_after_s) == (33.0, "n7", 9.0)
+    assert keys.isdisjoint({"stacks", "fleet_node", "fleet_stale_after_s"})
 
 
 # -- the verdict model ------------------------------------------------------------------------------
@@ -569,7 +573,7 @@ def test_no_progress_files_and_no_gpu_of_its_own_cannot_be_judged():
     gpus = [GpuView(g, C, 0.0) for g in range(4)]
     for t in range(0, 40):
         out = det.update(float(t), gpus, jobs)
-        if t < DetectorConfig().stacks_fresh_s:  # a grace: the sampler's first dumps may be pending
+        if t < DetectorConfig().stacks.fresh_s:  # a grace: the sampler's first dumps may be pending
             assert {st.verdict for st in out} == {Verdict.HEALTHY}
     for status in out:
         assert status.verdict is Verdict.CANNOT_JUDGE and not status.kill_worthy

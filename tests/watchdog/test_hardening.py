@@ -20,7 +20,7 @@ import pytest
 from gpu_triage.actions.delivery import post_json
 from gpu_triage.classify.power_table import TableError
 from gpu_triage.classify.table_files import load_table_file
-from gpu_triage.config.settings import ConfigError, load_config, load_secret, override
+from gpu_triage.daemon.config import ConfigError, load_config, load_secret, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.samples import TelemetryUnavailable

@@ -27,10 +27,10 @@ def test_check_config_names_file_and_key_of_every_problem(tmp_path: Path) -> Non
     bad.write_text('[daemon]\nperiod_s = "fast"\n[alerts]\nrunbook_url = "docs/operator-guide.md"\n')
     code, lines = check_config(str(bad), {})
     assert code == 2
-    assert lines[0].startswith(f"{bad}: daemon.period_s: expected a number")
+    assert lines[0].startswith(f"{bad}:2: daemon.period_s: expected a number")
     assert (
         lines[1]
-        == f'{bad}: alerts.runbook_url: expected an absolute http(s) URL, got "docs/operator-guide.md"'
+        == f'{bad}:4: alerts.runbook_url: expected an absolute http(s) URL, got "docs/operator-guide.md"'
     )
     assert lines[-1] == f"{bad}: 2 problem(s)"
 

@@ -253,7 +253,7 @@ def test_item4_b_cannot_slow_the_node_with_files(users, tmp_path: Path) -> None:
 def test_item9_a_token_readable_by_a_training_group_is_refused(users, tmp_path: Path) -> None:
     """0640 is only for a group of operators: a group with training users in it, or the progress
     directory's group, could read the token and arm the daemon."""
-    from gpu_triage.config.settings import ConfigError, load_config, load_secret, load_token, override
+    from gpu_triage.daemon.config import ConfigError, load_config, load_secret, load_token, override
 
     a, _ = users
     token = tmp_path / "token"

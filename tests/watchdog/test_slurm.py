@@ -18,7 +18,7 @@ import pytest
 from gpu_triage.actions.kill import SubprocessRunner
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, kill_argv, parse_squeue, term_argv
 from gpu_triage.cli.slurm_health import drain_reason, health_reasons, node_name, probe
-from gpu_triage.config.settings import ConfigError, load_config
+from gpu_triage.daemon.config import ConfigError, load_config
 from gpu_triage.signals.processes import job_key
 from gpu_triage.signals.slurm import (
     SlurmIdentity,
@@ -204,8 +204,8 @@ def test_config_keys_are_validated(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path, {})
     assert list(info.value.problems) == [
-        f'{path}: actions.kill_via: expected one of auto, signal, slurm, got "scancel"',
-        f'{path}: actions.slurm_cancel: expected one of job, step, got "node"',
+        f'{path}:2: actions.kill_via: expected one of auto, signal, slurm, got "scancel"',
+        f'{path}:3: actions.slurm_cancel: expected one of job, step, got "node"',
     ]
     path.write_text('[actions]\nkill_via = "slurm"\nkill_hook = ["/bin/true"]\n')
     with pytest.raises(ConfigError) as info:

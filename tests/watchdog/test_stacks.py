@@ -381,7 +381,7 @@ def test_the_budget_holds_back_dumps_and_counts_them():
 def test_the_daemon_says_in_status_and_metrics_that_py_spy_is_missing_and_carries_on(tmp_path: Path):
     """A real sleeping rank (RANK in its environment) watched by the in-process daemon whose py-spy
     points at a missing path: /status and the metrics say so, the job is still seen and judged."""
-    from gpu_triage.config.settings import load_config, override
+    from gpu_triage.daemon.config import load_config, override
     from gpu_triage.daemon.loop import Daemon
     from gpu_triage.serving.api import status_document
     from gpu_triage.serving.metrics import snapshot_metrics

@@ -17,7 +17,7 @@ exponential backoff and jitter, surviving restarts through the event store's ``o
   not followed (a POST must not turn into a GET elsewhere).
 - Rows of a daemon that stopped are delivered by the next one on the same state directory.
 
-Secrets (PagerDuty routing key, Slack URL) are read with :func:`gpu_triage.config.settings.load_secret` when a
+Secrets (PagerDuty routing key, Slack URL) are read with :func:`gpu_triage.config.secrets.load_secret` when a
 sink first posts and never stored in the outbox, logged or put in events; errors name the sink, never
 its URL. Time comes from an injectable ``clock`` (epoch seconds), so a five-minute outage can be played
 on a fake clock; the workers re-read it at least every ``poll_interval_s`` of real time.
@@ -40,10 +40,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_triage.alerts.config import AlertsConfig, SinkConfig
 from gpu_triage.alerts.model import ALERT_NAMES, Alert
 from gpu_triage.alerts.registry import sink_kind
 from gpu_triage.alerts.sinks.protocol import RenderContext
-from gpu_triage.config.settings import AlertsConfig, ConfigError, SinkConfig, load_secret
+from gpu_triage.config.secrets import ConfigError, load_secret
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, OutboxItem, StoreError
 

@@ -37,6 +37,7 @@ import calendar
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -268,7 +269,9 @@ class EvidenceCapture:
                 for r in req.ranks
             ]
         with concurrent.futures.ThreadPoolExecutor(PY_SPY_PARALLEL, thread_name_prefix="py-spy") as pool:
-            futures = [pool.submit(_timed, "py_spy", lambda r=r: self._py_spy(req, r)) for r in req.ranks]
+            futures = [
+                pool.submit(_timed, "py_spy", functools.partial(self._py_spy, req, r)) for r in req.ranks
+            ]
             return [f.result() for f in futures]
 
     def _py_spy(self, req: CaptureRequest, r: RankTarget) -> Item:
@@ -465,7 +468,7 @@ class EvidenceCapture:
         try:
             fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:
-            why = e.strerror
+            why = str(e.strerror)
             if e.errno == errno.ENXIO:
                 why = "nobody reads it (is the rank's monitoring thread running?)"
             elif e.errno == errno.EACCES:

@@ -162,22 +162,22 @@ def plan_kill(
         allowed -= strangers
     groups: list[int] = []
     covered: set[int] = set()
-    for pgid in sorted({table[p].pgid for p in ranks if table[p].pgid is not None}):
-        assert pgid is not None
+    rank_pgids = {pgid for p in ranks if (pgid := table[p].pgid) is not None}
+    for pgid in sorted(rank_pgids):
         members = {p for p, e in table.items() if e.pgid == pgid}
         if pgid <= 1 or pgid in protected or pgid == own_pgid or members & protected:
             skipped.append((-pgid, "group holds a protected process: signalling its job members one by one"))
             continue
-        strangers = sorted(members - allowed)
-        if strangers:
-            names = ", ".join(f"{p} ({table[p].name})" if table[p].name else str(p) for p in strangers[:5])
+        outsiders = sorted(members - allowed)
+        if outsiders:
+            names = ", ".join(f"{p} ({table[p].name})" if table[p].name else str(p) for p in outsiders[:5])
             skipped.append((-pgid, f"group also holds non-job processes {names}: signalling one by one"))
             continue
         groups.append(pgid)
         covered |= members
     pids = tuple(sorted(allowed - covered))
-    members = {p: table[p].create_time for p in allowed | covered}
-    return KillPlan(tuple(groups), pids, members, tuple(skipped))
+    created = {p: table[p].create_time for p in allowed | covered}
+    return KillPlan(tuple(groups), pids, created, tuple(skipped))
 
 
 def _mismatch(entry: ProcEntry, ident: Identity) -> str | None:

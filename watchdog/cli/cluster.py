@@ -148,8 +148,8 @@ def fetch_status(
     """``GET {url}/status``; never raises: every failure is a :class:`Fetched` with ``error`` set."""
     try:
         base = base_url(url)
-    except ValueError as error:
-        return Fetched(url, None, f"bad URL: {error}", clock())
+    except ValueError as bad_url:
+        return Fetched(url, None, f"bad URL: {bad_url}", clock())
     error: str
     try:
         response = client.get(base + "/status", headers={"Accept": "application/json"})

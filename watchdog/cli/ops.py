@@ -100,7 +100,7 @@ def cmd_evidence_report(args: argparse.Namespace) -> int:
 
 def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list[str]]:
     """``(exit code, lines)`` for ``check-config`` (pure apart from reading the files)."""
-    from gpu_triage.config.settings import (
+    from gpu_triage.daemon.config import (
         ConfigError,
         load_config,
         load_secret,
@@ -149,7 +149,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_render_rules(args: argparse.Namespace) -> int:
-    from gpu_triage.config.settings import ConfigError, load_config, resolve_config_path
+    from gpu_triage.daemon.config import ConfigError, load_config, resolve_config_path
     from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE, BadRunbookBase, render_rules
 
     def fail(message: str) -> int:

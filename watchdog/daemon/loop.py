@@ -21,15 +21,16 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpu_triage import __version__
 from gpu_triage.classify.tracker import GpuTracker
-from gpu_triage.config.settings import (
+from gpu_triage.daemon.config import (
     Config,
     ConfigError,
+    detector_config,
     load_config,
     load_token,
     missing_token_note,
@@ -51,14 +52,13 @@ from gpu_triage.serving.publish import SnapshotHolder
 from gpu_triage.signals.fleet.facts import JobFacts, local_facts, spin_since_by_gpu
 from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
 from gpu_triage.signals.fleet.remote import RemoteFacts
-from gpu_triage.signals.nccl_ras.poller import RasConfig, RasPoller
+from gpu_triage.signals.nccl_ras.poller import RasPoller
 from gpu_triage.signals.pods import PodResolver
 from gpu_triage.signals.processes import ProcessInspector, ProgressClaim
 from gpu_triage.signals.progress import ProgressReader, ProgressView
 from gpu_triage.signals.stacks.dumps import StackPhase
 from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
-from gpu_triage.verdicts.detector import Detector, GpuView, JobView
-from gpu_triage.verdicts.detector import DetectorConfig as DetectorSettings
+from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView
 from gpu_triage.verdicts.fusion import job_views
 
 log = logging.getLogger("gpu_watchdog")
@@ -820,7 +820,7 @@ class Daemon:
                     writing=ev is not None and ev.bytes_written_recently >= d.write_active_bytes,
                     reading=ev is not None and ev.bytes_read_recently >= d.read_active_bytes,
                     gpu_spin_since=spin,
-                    fresh_s=d.stacks_fresh_s,
+                    fresh_s=d.stacks.fresh_s,
                 )
             )
         return tuple(out)
@@ -907,7 +907,7 @@ def boot_id() -> str | None:
 
 def check_token(config: Config) -> None:
     """The token file, as :meth:`Daemon.start` loads it (ConfigError naming ``auth.token_file``)."""
-    from gpu_triage.config.settings import ConfigError
+    from gpu_triage.daemon.config import ConfigError
 
     try:
         load_token(config)
@@ -926,7 +926,7 @@ def validate_classifier(config: Config) -> None:
     than raise in every cycle once a GPU is seen."""
     from gpu_triage.classify.power_table import TableError
     from gpu_triage.classify.table_files import resolve_table
-    from gpu_triage.config.settings import ConfigError
+    from gpu_triage.daemon.config import ConfigError
 
     c = config.classifier
     try:
@@ -936,13 +936,10 @@ def validate_classifier(config: Config) -> None:
         raise ConfigError([f"{config.origin}: {key}: {e}"]) from None
 
 
-def detector_settings(config: Config) -> DetectorSettings:
-    return DetectorSettings(
-        **asdict(config.detector),
-        **config.stacks.detector_settings(),
-        **config.cluster.detector_settings(),
-        fleet_node=config.daemon.node,
-    )
+def detector_settings(config: Config) -> DetectorConfig:
+    """The detector's config: ``[detector]`` with what it takes from ``[stacks]``, ``[daemon]`` and
+    ``[cluster]`` filled in."""
+    return detector_config(config)
 
 
 def make_fleet(config: Config, clock: Callable[[], float] = time.time) -> FleetPoller:
@@ -964,17 +961,7 @@ _CALM = frozenset({Verdict.HEALTHY, Verdict.CHECKPOINT, *ENDED_VERDICTS})
 
 
 def make_ras(config: Config, clock: Callable[[], float] = time.time) -> RasPoller:
-    r = config.ras
-    return RasPoller(
-        RasConfig(
-            enabled=r.enabled,
-            host=r.host,
-            port=r.port,
-            min_interval_s=r.min_interval_s,
-            timeout_s=r.timeout_s,
-        ),
-        clock=clock,
-    )
+    return RasPoller(config.ras, clock=clock)
 
 
 def make_sampler(config: Config, clock: Callable[[], float] = time.time) -> StackSampler:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_triage.config.settings import ConfigError, load_config, override, resolve_config_path
+from gpu_triage.daemon.config import ConfigError, load_config, override, resolve_config_path
 from gpu_triage.model.snapshot import Snapshot
 
 log = logging.getLogger("gpu_watchdog")

@@ -646,7 +646,7 @@ class EventStore:
             local.db, local.generation = db, self._generation
             with self._lock:
                 self._readers.append(db)
-        return local.db  # type: ignore[no-any-return]
+        return local.db
 
     def since(self, after_id: int = 0, limit: int = 100) -> list[StoredEvent]:
         """Events with id greater than ``after_id``, oldest first, at most ``limit`` (1..10000).

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TextIO
 
+from gpu_triage.model.actions import KILL_ACTIONS, REFUSAL_RESULTS, Action, Result
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.names import printable
 
@@ -52,13 +53,6 @@ class EventKind(StrEnum):
     KILL = "kill"
     REFUSAL = "refusal"
 
-
-#: Engine action results that mean "the watchdog decided not to act" (a refusal line).
-REFUSAL_RESULTS = frozenset(
-    {"not_armed", "refused", "rate_limited", "waiting_for_evidence", "no_targets", "disarmed"}
-)
-#: Engine actions that are a kill (SIGTERM, SIGKILL, the kill hook).
-KILL_ACTIONS = frozenset({"sigterm", "sigkill", "kill_hook"})
 
 #: The facts of a kill/refusal record worth a place on its line, in this order.
 _ACTION_FIELDS = (
@@ -343,15 +337,15 @@ class EventLog:
         action, result = str(record.get("action")), str(record.get("result"))
         job = record.get("job")
         job = str(job) if job is not None else None
-        if action == "capture":
-            if result == "ok":
+        if action == Action.CAPTURE:
+            if result == Result.OK:
                 fields = {
                     "path": record.get("path"),
                     "items_ok": f"{record.get('ok_items')}/{record.get('items')}",
                     "duration_s": record.get("duration_s"),
                 }
                 return self.emit(LogLine(EventKind.EVIDENCE, job, "bundle written", fields))
-            if result == "error":
+            if result == Result.ERROR:
                 fields = {"path": record.get("path"), "error": record.get("error")}
                 return self.emit(LogLine(EventKind.EVIDENCE, job, "capture failed", fields, logging.ERROR))
             return False
@@ -362,7 +356,7 @@ class EventLog:
             return self.emit(
                 LogLine(EventKind.REFUSAL, job, f"no {action}: {result}", details), stream=action
             )
-        level = logging.ERROR if result == "error" else logging.WARNING
+        level = logging.ERROR if result == Result.ERROR else logging.WARNING
         return self.emit(LogLine(EventKind.KILL, job, f"{action} {result}", details, level), stream=action)
 
     def delivery(self, alert_name: str, job: str | None, status: str, outcome: str, **fields: Any) -> bool:

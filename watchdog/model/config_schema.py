@@ -85,6 +85,7 @@ class Rule:
     expected: str = ""
     doc: str = ""
     derived: bool = False
+    keys: tuple[str, ...] | None = None  # a ``Mapping[str, X]`` table's allowed keys (None: any)
 
 
 def setting(
@@ -100,9 +101,12 @@ def setting(
     parse: Callable[[Any], Any] | None = None,
     expected: str = "",
     doc: str = "",
+    keys: Iterable[str] | None = None,
 ) -> Any:
     """A dataclass field with its checks. ``parse(value)`` replaces the type check: it returns the value
-    to store or raises :class:`Invalid`. ``expected`` overrides the generated "expected ..." text."""
+    to store or raises :class:`Invalid`. ``expected`` overrides the generated "expected ..." text.
+    ``keys`` are the keys a ``Mapping[str, X]`` table may have (each value is checked against ``X`` and
+    the bounds, each problem reported at ``field.key``)."""
     rule = Rule(
         ge=ge,
         gt=gt,
@@ -113,6 +117,7 @@ def setting(
         parse=parse,
         expected=expected,
         doc=doc,
+        keys=tuple(keys) if keys is not None else None,
     )
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata={SCHEMA: rule})
@@ -281,6 +286,8 @@ def describe(annotation: Any, rule: Rule = Rule()) -> str:
         return f"an array of {len(args)}: " + ", ".join(describe(a, rule) for a in args)
     if dataclasses.is_dataclass(annotation):
         return "a table"
+    if origin in (dict, Mapping):
+        return f"a table of {_plural(describe(args[1], rule))}" if len(args) == 2 else "a table"
     base = {
         bool: "true or false",
         int: "an integer",
@@ -406,7 +413,7 @@ class Reader:
                 continue
             rule = _rule(fields[key])
             try:
-                values[key] = self._value(hints[key], rule, value, dotted, origins)
+                values[key] = self._value(hints[key], rule, value, dotted, origins, where=origin)
             except _Reported:
                 ok = False
             except _Bad as bad:
@@ -430,7 +437,16 @@ class Reader:
             self.problem(section, str(exc))
             return None
 
-    def _value(self, annotation: Any, rule: Rule, value: Any, dotted: str, origins: Mapping[str, str]) -> Any:
+    def _value(
+        self,
+        annotation: Any,
+        rule: Rule,
+        value: Any,
+        dotted: str,
+        origins: Mapping[str, str],
+        *,
+        where: str | None = None,
+    ) -> Any:
         if rule.parse is not None:
             try:
                 return rule.parse(value)
@@ -455,6 +471,8 @@ class Reader:
             if built is None:
                 raise _Reported
             return built
+        if origin in (dict, Mapping) and len(args) == 2:
+            return self._mapping(args[1], rule, value, dotted, origins, where=where)
         if rule.choices is not None:
             if value not in rule.choices or isinstance(value, bool) != any(
                 isinstance(c, bool) for c in rule.choices
@@ -491,6 +509,32 @@ class Reader:
             except _Bad:
                 raise _Bad(describe(annotation, rule)) from None
         return self._scalar(annotation, rule, value)
+
+    def _mapping(
+        self, kind: Any, rule: Rule, value: Any, dotted: str, origins: Mapping[str, str], *, where: str | None
+    ) -> Mapping[str, Any]:
+        """A ``{key = value}`` table: every unknown key and bad value reported at ``dotted.key``."""
+        if not isinstance(value, dict):
+            raise _Bad(describe(Mapping[str, kind], rule))
+        out: dict[str, Any] = {}
+        ok = True
+        item_rule = dataclasses.replace(rule, keys=None, expected="")
+        for key, item in value.items():
+            at = f"{dotted}.{key}"
+            if rule.keys is not None and key not in rule.keys:
+                self.unknown(at, rule.keys, origin=where)
+                ok = False
+                continue
+            try:
+                out[key] = self._value(kind, item_rule, item, at, origins, where=where)
+            except _Reported:
+                ok = False
+            except _Bad as bad:
+                self.expected(at, bad.expected, item, origin=where)
+                ok = False
+        if not ok:
+            raise _Reported
+        return types.MappingProxyType(out)
 
     def _scalar(self, annotation: Any, rule: Rule, value: Any) -> Any:
         bad = _Bad(describe(annotation, rule))

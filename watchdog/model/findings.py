@@ -36,7 +36,7 @@ class Signal(StrEnum):
     NVLINK_FROZEN = "nvlink_frozen"
     ASYMMETRIC = "asymmetric"
     STACKS_FROZEN = "stacks_frozen"
-    """Every rank's Python stack unchanged for ``stacks_frozen_s``, waiting in a collective."""
+    """Every rank's Python stack unchanged for ``[stacks] frozen_s``, waiting in a collective."""
     STACKS_DIVERGED = "stacks_diverged"
     """Frozen ranks wait in different places (other collectives or call sites): the odd ranks named."""
     STACKS_PHASE_SPLIT = "stacks_phase_split"

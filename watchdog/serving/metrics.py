@@ -122,7 +122,7 @@ def _gpu_labels(gpu: GpuStatus, hostname: str) -> list[str]:
 
 
 def _gpu_metrics(gpus: tuple[GpuStatus, ...], hostname: str) -> Iterator[Metric]:
-    per_gpu: list[tuple[Metric, str]] = [
+    per_gpu: list[tuple[GaugeMetricFamily | CounterMetricFamily, str]] = [
         (_gauge(PREFIX + "power_watts", "Board power draw.", GPU_LABELS, "watts"), "power_w"),
         (
             _gauge(PREFIX + "power_limit_watts", "Enforced board power limit.", GPU_LABELS, "watts"),

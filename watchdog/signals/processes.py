@@ -455,9 +455,9 @@ class ProcessInspector:
         launchers: list[int] = []
         infos: dict[int, tuple[int | None, list[str], psutil.Process | None]] = {}
         if scan_environ:
-            for proc in psutil.process_iter(["ppid", "cmdline"]):
-                info = proc.info
-                infos[proc.pid] = (info.get("ppid"), info.get("cmdline") or [], proc)
+            for listed_proc in psutil.process_iter(["ppid", "cmdline"]):
+                info = listed_proc.info
+                infos[listed_proc.pid] = (info.get("ppid"), info.get("cmdline") or [], listed_proc)
         for pid in listed - set(infos):
             try:
                 p = psutil.Process(pid)
@@ -582,8 +582,8 @@ class ProcessInspector:
             )
         # Drop refused candidates that are nothing but the claim (no proof of their own).
         for u in untrusted:
-            cand = found.get(u.pid)
-            if cand is not None and not cand.proof:
+            refused = found.get(u.pid)
+            if refused is not None and not refused.proof:
                 del found[u.pid]
         self._untrusted = tuple(untrusted)
 
@@ -599,10 +599,10 @@ class ProcessInspector:
             if got is None:
                 continue
             proc, create_time = got
-            old = self._tracked.get(cand.pid)
-            same = old is not None and old.create_time == create_time
+            previous = self._tracked.get(cand.pid)
+            same = previous is not None and previous.create_time == create_time
             tracked[cand.pid] = _Tracked(
-                proc, create_time, cand, old.last if same and old else None, None, None, None
+                proc, create_time, cand, previous.last if same and previous else None, None, None, None
             )
         for pid, old in self._tracked.items():  # keep the dead in view until forgotten
             if pid not in tracked and old.gone_since_s is not None:

@@ -42,6 +42,8 @@ import psutil
 
 from gpu_triage.contract import FIELDS, LEASE_SCOPES, MAX_FILE_BYTES, PHASES, STALE_AFTER_S
 from gpu_triage.model.clock import wall_to_timeline
+from gpu_triage.model.config_checks import number, path_value
+from gpu_triage.model.config_schema import setting
 from gpu_triage.model.names import job_name_problem, printable
 
 MAX_DEPTH = 4
@@ -62,6 +64,14 @@ per owner, and jobs that had live ranks (and jobs the daemon was told hold live 
 first, then the most recently changed."""
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressConfig:
+    """``[progress]``: where the trainers' progress files are and when one is stale."""
+
+    dir: Path = setting(Path("/run/gpu-watchdog/progress"), parse=path_value, doc="trainer progress files")
+    stale_after_s: float = setting(600.0, parse=number(10, 86400), doc="silence after which a file is stale")
 
 
 class ProgressFormatError(ValueError):
@@ -554,7 +564,7 @@ class ProgressReader:
         files_used: dict[int, int] = {}
         for job_dir, dir_uid in job_dirs:
             try:
-                entries = []
+                entries: list[os.DirEntry[str]] = []
                 budget = min(MAX_FILES_PER_JOB, MAX_ENTRIES_PER_OWNER - entries_used.get(dir_uid, 0))
                 with os.scandir(job_dir.path) as it:
                     for entry in it:

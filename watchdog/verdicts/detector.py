@@ -56,13 +56,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_triage.model.config_checks import boolean, number
+from gpu_triage.model.config_schema import derived, setting
 from gpu_triage.model.findings import Signal
 from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.signals.fleet.fusion import FleetEvidence, FleetState, FusionConfig, fuse
+from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import AVAILABLE
 from gpu_triage.signals.stacks.evidence import (
-    StackEvidenceConfig,
     StackFacts,
     asleep_long_enough,
     stack_facts,
@@ -83,68 +85,94 @@ STOPPED_STATUSES = frozenset({"stopped", "tracing-stop"})
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    fast_min_s: float = 15.0
-    """K1/K2: frozen steps at least this long (and k_fast x the step interval)."""
-    k_fast: float = 1.5
-    k_remote: float = 2.5
-    """K2 when ranks live on other nodes: at least this many step intervals (a straggler there)."""
-    spin_min_s: float = 10.0
-    stall_min_s: float = 60.0
-    """``stalled``/``slow``: frozen steps at least this long (and k_stall x the step interval)."""
-    k_stall: float = 3.0
-    disagree_min_s: float = 15.0
-    power_only_after_s: float = 120.0
-    """No progress files: spin band (or an asymmetric split) this long with no writes."""
-    power_only_can_kill: bool = False
-    """Let K4 (power alone, no progress files) become kill-worthy. Off: a remote save looks the same."""
-    confirm_after_s: float = 120.0
-    write_active_bytes: float = 4 * 2**20
-    """Bytes written by the job's ranks within ``write_window_s`` that count as 'writing'."""
-    read_active_bytes: float = 4 * 2**20
-    """Bytes read within ``write_window_s`` that count as 'reading' (loading a model or data)."""
-    write_window_s: float = 10.0
-    lease_grace_s: float = 5.0
-    starvation_after_s: float = 30.0
-    telemetry_lost_after_s: float = 10.0
-    default_step_interval_s: float = 60.0
-    """Step interval assumed until the job's own is learned."""
-    first_step_default_s: float = 600.0
-    """Budget of the first step after a start, before any first step of the job was seen."""
-    k_first: float = 2.0
-    """A first step may take this many times the longest first step of its kind seen."""
-    interval_decay: float = 0.1
-    """How fast the learned step interval comes down (it goes up at once)."""
-    cpu_contention_ratio: float = 0.9
-    """A starving rank using this share of a core is CPU-bound (cause cpu_contention)."""
-    slow_max_budgets: float = 10.0
-    """``slow`` (frozen steps while every job GPU computes) for this many stall budgets is ``stalled``:
-    frozen steps for that long are not slowness, whatever the GPUs draw."""
-    idle_held_after_s: float = 300.0
-    """No progress files: every job GPU idle (memory held) this long with its ranks alive is
-    ``cannot_judge`` (a hung data loader and a process idling on purpose look the same)."""
-    stacks_frozen_s: float = 20.0
-    """Stack evidence ([stacks] in the config file): a rank's stack unchanged this long is frozen."""
-    stacks_min_samples: int = 4
-    stacks_fresh_s: float = 30.0
-    stacks_checkpoint_max_s: float = 1800.0
-    stacks_asleep_cpu_ratio: float = 0.3
-    fleet_node: str = "this node"
-    """This node's name ([daemon] node): how its ranks are named among the world's (signals.fleet)."""
-    fleet_stale_after_s: float = 15.0
-    """Other nodes' facts older than this are unknown ([cluster] stale_after_s)."""
+    """``[detector]``: when each verdict is called. Defined once, here; the daemon reads the section into
+    it (:mod:`gpu_triage.daemon.config`) and fills the derived fields from ``[stacks]``, ``[daemon] node``
+    and ``[cluster] stale_after_s``."""
+
+    fast_min_s: float = setting(
+        15.0, parse=number(1, 600), doc="hung (K1/K2): shortest freeze of the train ranks that counts"
+    )
+    k_fast: float = setting(
+        1.5, parse=number(1, 100), doc="... and at least this many learned step intervals"
+    )
+    k_remote: float = setting(
+        2.5,
+        parse=number(1, 100),
+        doc="K2 with ranks on other nodes, K5 (asymmetric): this many step intervals",
+    )
+    spin_min_s: float = setting(
+        10.0, parse=number(0, 600), doc="every job GPU in the spin band at least this long"
+    )
+    stall_min_s: float = setting(
+        60.0, parse=number(1, 3600), doc="stalled/slow: shortest freeze without proof of a hang"
+    )
+    k_stall: float = setting(
+        3.0, parse=number(1, 100), doc="... and at least this many learned step intervals"
+    )
+    disagree_min_s: float = setting(
+        15.0, parse=number(1, 600), doc="phase disagreement with frozen train ranks"
+    )
+    power_only_after_s: float = setting(
+        120.0, parse=number(10, 180), doc="no progress files: spin band (or asymmetric) this long -> stalled"
+    )
+    power_only_can_kill: bool = setting(
+        False,
+        parse=boolean,
+        doc="let power alone (no progress files) be kill-worthy: a remote save looks the same",
+    )
+    confirm_after_s: float = setting(
+        120.0, parse=number(1, 3600), doc="suspected this long -> deadlock_confirmed"
+    )
+    write_active_bytes: float = setting(
+        4 * 2**20, parse=number(0), doc="bytes written within write_window_s = 'writing'"
+    )
+    read_active_bytes: float = setting(
+        4 * 2**20, parse=number(0), doc="bytes read within write_window_s = 'reading'"
+    )
+    write_window_s: float = setting(
+        10.0, parse=number(1, 600), doc="window for write_active_bytes and read_active_bytes"
+    )
+    lease_grace_s: float = setting(5.0, parse=number(0, 3600), doc="tolerance past an announced lease_until")
+    starvation_after_s: float = setting(
+        30.0, parse=number(1, 3600), doc="sustained starvation -> data_starvation"
+    )
+    telemetry_lost_after_s: float = setting(10.0, parse=number(1, 600), doc="failed reads -> telemetry_lost")
+    default_step_interval_s: float = setting(
+        60.0, parse=number(0.01, 3600), doc="step interval assumed until the job's is learned"
+    )
+    first_step_default_s: float = setting(
+        600.0, parse=number(1, 86400), doc="first step after a start, before any first step was seen"
+    )
+    k_first: float = setting(2.0, parse=number(1, 100), doc="a first step may take this x the longest seen")
+    interval_decay: float = setting(
+        0.1, parse=number(0, 1), doc="how fast the learned step interval comes down"
+    )
+    cpu_contention_ratio: float = setting(
+        0.9, parse=number(0, 64), doc="a starving rank using this share of a core is CPU-bound"
+    )
+    slow_max_budgets: float = setting(
+        10.0,
+        parse=number(1, 1000),
+        doc="slow (GPUs computing, steps frozen) this many stall budgets -> stalled",
+    )
+    idle_held_after_s: float = setting(
+        300.0,
+        parse=number(10, 86400),
+        doc="no progress files: job GPUs idle with memory held this long -> cannot_judge",
+    )
+    stacks: StacksConfig = derived(
+        StacksConfig(), doc="stack evidence settings ([stacks] in the config file: frozen_s, fresh_s, ...)"
+    )
+    fleet_node: str = derived(
+        "this node", doc="this node's name ([daemon] node): how its ranks are named among the world's"
+    )
+    fleet_stale_after_s: float = derived(
+        15.0, doc="other nodes' facts older than this are unknown ([cluster] stale_after_s)"
+    )
 
     def fusion(self) -> FusionConfig:
         return FusionConfig(
-            stale_after_s=self.fleet_stale_after_s, frozen_s=self.stacks_frozen_s, fresh_s=self.stacks_fresh_s
-        )
-
-    def stacks(self) -> StackEvidenceConfig:
-        return StackEvidenceConfig(
-            frozen_s=self.stacks_frozen_s,
-            min_samples=self.stacks_min_samples,
-            fresh_s=self.stacks_fresh_s,
-            checkpoint_max_s=self.stacks_checkpoint_max_s,
-            asleep_cpu_ratio=self.stacks_asleep_cpu_ratio,
+            stale_after_s=self.fleet_stale_after_s, frozen_s=self.stacks.frozen_s, fresh_s=self.stacks.fresh_s
         )
 
     def timing(self) -> TimingConfig:
@@ -315,7 +343,7 @@ class Detector:
         self._learn(now, job, mem)
         facts = self._facts(now, job, mem, by_gpu, telemetry_ok, inferred)
         frozen_after_s = min(self._fast_budget_s(facts, mem.timing, remote=facts.unseen > 0), 60.0)
-        findings = job_findings(now, job, facts, frozen_after_s=frozen_after_s, stacks=cfg.stacks())
+        findings = job_findings(now, job, facts, frozen_after_s=frozen_after_s, stacks=cfg.stacks.evidence())
         if not self._blind_reasons(job, facts):
             mem.blind_since = None
         elif mem.blind_since is None:
@@ -450,7 +478,9 @@ class Detector:
 
     def _stack_facts(self, now: float, job: JobView, mem: _JobMemory) -> StackFacts | None:
         alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
-        sf = stack_facts(now, job.stacks, alive, job.world_size, self.config.stacks(), mem.asleep_since)
+        sf = stack_facts(
+            now, job.stacks, alive, job.world_size, self.config.stacks.evidence(), mem.asleep_since
+        )
         mem.asleep_since = sf.asleep_since if sf is not None else None
         if sf is not None and sf.in_save and not sf.split:
             mem.save_seen_at = now
@@ -686,7 +716,7 @@ class Detector:
             signals.append(str(Signal.SPIN_BAND))
         elif self._ras_frozen(now, job):
             signals.append(str(Signal.NCCL_COUNTS_FROZEN))
-        elif asleep_long_enough(sf, now, self.config.stacks()):
+        elif asleep_long_enough(sf, now, self.config.stacks.evidence()):
             signals.append(str(Signal.RANKS_ASLEEP))
         else:
             return None
@@ -694,7 +724,7 @@ class Detector:
 
     def _ras_frozen(self, now: float, job: JobView) -> bool:
         since = job.ras.counts_frozen_since if job.ras is not None else None
-        return since is not None and now - since >= self.config.stacks_frozen_s
+        return since is not None and now - since >= self.config.stacks.frozen_s
 
     def _stacks_not_hung(self, now: float, job: JobView, mem: _JobMemory, f: _Facts) -> _Decision | None:
         """A rank's stack inside a save: ``checkpoint`` (``stalled_checkpoint`` past the cap); every
@@ -718,7 +748,7 @@ class Detector:
             )
         if sf.in_save and sf.save_since is not None:
             held = now - sf.save_since
-            if held >= self.config.stacks_checkpoint_max_s:
+            if held >= self.config.stacks.checkpoint_max_s:
                 verdict = Verdict.STALLED_CHECKPOINT
                 signals: tuple[str, ...] = (str(Signal.STACK_IN_SAVE), "save_over_cap")
             else:
@@ -834,7 +864,7 @@ class Detector:
             return None
         reasons = self._blind_reasons(job, f)
         # a grace of one stack freshness window: the sampler's first dumps of a new job may be pending
-        if reasons and mem.blind_since is not None and now - mem.blind_since >= self.config.stacks_fresh_s:
+        if reasons and mem.blind_since is not None and now - mem.blind_since >= self.config.stacks.fresh_s:
             why = f.stacks.summary.sampler if f.stacks is not None else "none taken"
             reasons.append(f"no stacks ({why})")
             reasons.insert(0, "no progress files")

@@ -50,9 +50,9 @@ class FusionConfig:
     stale_after_s: float = 15.0
     """A node's facts (and Prometheus's answer) older than this are unknown."""
     frozen_s: float = 20.0
-    """A stack unchanged this long is frozen (the detector's ``stacks_frozen_s``)."""
+    """A stack unchanged this long is frozen ([stacks] frozen_s)."""
     fresh_s: float = 30.0
-    """A stack taken longer ago than this is no fact (the detector's ``stacks_fresh_s``)."""
+    """A stack taken longer ago than this is no fact ([stacks] fresh_s)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,17 +14,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_triage.model.config_checks import boolean, integer, nonempty_text, number
+from gpu_triage.model.config_schema import setting
 from gpu_triage.signals.nccl_ras import client as ras
 from gpu_triage.signals.nccl_ras.evidence import RasFacts, RasPoll, parse_report, ras_facts
 
 
 @dataclass(frozen=True, slots=True)
 class RasConfig:
-    enabled: bool = True
-    host: str = ras.DEFAULT_HOST
-    port: int = ras.DEFAULT_PORT
-    min_interval_s: float = 60.0
-    timeout_s: float = 5.0
+    """NCCL RAS as live evidence: polled rarely, only while a job is under suspicion."""
+
+    enabled: bool = setting(True, parse=boolean, doc="poll NCCL's RAS service on suspicion")
+    host: str = setting(ras.DEFAULT_HOST, parse=nonempty_text, doc="RAS address (NCCL_RAS_ADDR)")
+    port: int = setting(ras.DEFAULT_PORT, parse=integer(1, 65535), doc="RAS port")
+    min_interval_s: float = setting(60.0, parse=number(10, 86400), doc="at most one poll this often")
+    timeout_s: float = setting(5.0, parse=number(0.5, 60), doc="limit of one poll")
 
 
 class RasPoller:

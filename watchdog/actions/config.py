@@ -1,0 +1,46 @@
+"""``[actions]`` (what the action engine does on a verdict, and when) and ``[evidence]`` (how many
+evidence bundles it keeps)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_triage.model.config_checks import argv, boolean, choice, enum_value, integer, number, optional_path
+from gpu_triage.model.config_schema import setting
+from gpu_triage.model.states import Mode
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceConfig:
+    retention_days: float = setting(
+        30.0, parse=number(0, 3650, low_open=True), doc="age limit of evidence bundles"
+    )
+    max_bundles: int = setting(
+        50, parse=integer(1, 100000), doc="most evidence bundles kept (the oldest go first)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ActionsConfig:
+    mode: Mode = setting(Mode.OBSERVE, parse=enum_value(Mode), doc="observe, alert or kill")
+    capture_after_s: float = setting(0.0, parse=number(0, 3600), doc="suspected -> evidence capture")
+    capture_timeout_s: float = setting(30.0, parse=number(1, 600), doc="limit of one capture command")
+    alert_after_s: float = setting(30.0, parse=number(0, 3600), doc="suspected -> alert")
+    sigterm_after_s: float = setting(60.0, parse=number(0, 86400), doc="confirmed -> SIGTERM (kill mode)")
+    sigkill_grace_s: float = setting(30.0, parse=number(1, 3600), doc="SIGTERM -> SIGKILL")
+    max_kills_per_hour: int = setting(1, parse=integer(0, 100), doc="kills allowed per rolling hour")
+    kill_hook: tuple[str, ...] = setting((), parse=argv, doc="command run instead of signals")
+    dry_run: bool = setting(False, parse=boolean, doc="log what would be signalled, signal nothing")
+    kill_via: str = setting(
+        "auto", parse=choice("auto", "signal", "slurm"), doc="stop a job with signals or Slurm's scancel"
+    )
+    slurm_cancel: str = setting(
+        "job", parse=choice("job", "step"), doc="scancel the whole job or the ranks' step"
+    )
+    slurm_bin_dir: Path | None = setting(
+        None, parse=optional_path, doc="directory of scancel/squeue (default: PATH)"
+    )
+
+
+__all__ = ["ActionsConfig", "EvidenceConfig"]
