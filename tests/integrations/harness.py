@@ -154,8 +154,8 @@ def run_with_daemon(
                             j.raised,
                             {r.rank: r.phase or "" for r in j.ranks},
                             {r.rank: r.step for r in j.ranks},
-                            tuple(j.evidence.get("signals", ())),
-                            dict(j.evidence),
+                            tuple(j.evidence.signals if j.evidence is not None else ()),
+                            j.evidence_dict(),
                         )
                         timeline.append(seen)
                         if stop_when is not None and stop_when(seen):

@@ -6,6 +6,7 @@ job whose ranks map one-to-one onto GPUs, in a chosen verdict, at a chosen time.
 
 from __future__ import annotations
 
+from gpu_triage.model.evidence import JobEvidence
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 
@@ -63,14 +64,13 @@ def job_status(
     onset: float | None = None,
     raised: float | None = None,
 ) -> JobStatus:
-    evidence: dict[str, object] = {}
+    evidence = None
     if verdict is not Verdict.HEALTHY:
-        evidence = {
-            "gpus_in_band": list(range(ranks)),
-            "step_frozen_s": 45.0,
-            "power_ratio": 0.21,
-            "phases": {"train": list(range(1, ranks)), "epoch_end": [0]},
-        }
+        evidence = JobEvidence(
+            gpus=tuple(range(ranks)),
+            step_interval_s=45.0,
+            phase_by_rank={r: "epoch_end" if r == 0 else "train" for r in range(ranks)},
+        )
     return JobStatus(
         job=job,
         ranks=tuple(rank_status(r) for r in range(ranks)),

@@ -26,6 +26,7 @@ from gpu_triage.alerts.sinks.alertmanager import alertmanager_payload
 from gpu_triage.alerts.sinks.pagerduty import pagerduty_payload
 from gpu_triage.alerts.sinks.slack import slack_payload
 from gpu_triage.alerts.sinks.webhook import webhook_payload
+from gpu_triage.model.evidence import JobEvidence
 from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE
 from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import KILL_WORTHY_VERDICTS, GpuState, Verdict
@@ -65,12 +66,12 @@ def make_job(
         kill_worthy=verdict in KILL_WORTHY_VERDICTS if kill_worthy is None else kill_worthy,
         onset=None if healthy else onset,
         raised=None if healthy else T0 - 300.0,
-        evidence={
-            "gpus": list(range(ranks)),
-            "steps": {str(r): step for r in range(ranks)},
-            "steps_frozen_since": onset,
-            "signals": [] if healthy else ["steps_frozen", "spin_band", "no_writes"],
-        },
+        evidence=JobEvidence(
+            gpus=tuple(range(ranks)),
+            step_by_rank={r: step for r in range(ranks)},
+            steps_frozen_since=onset,
+            signals=() if healthy else ("steps_frozen", "spin_band", "no_writes"),
+        ),
     )
 
 
@@ -228,7 +229,8 @@ def test_endpoints() -> None:
 def test_alert_names_where_each_rank_waits_from_its_stack() -> None:
     where = "rank 0: collective barrier @ t.py:80 main; rank 1: collective all_gather @ t.py:52 step"
     job = _deadlock()
-    job = replace(job, evidence={**job.evidence, "stacks_where": where})
+    assert job.evidence is not None
+    job = replace(job, evidence=replace(job.evidence, stacks_where=where))
     alert = build_alert(job, node="node-a", condition=Condition.DEADLOCK, now=T0, first_seen=T0 - 60)
     assert f"stacks: {where}" in alert.description
     item = alertmanager_payload([alert], now=T0, resend_interval_s=60.0)[0]

@@ -16,10 +16,12 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 
 from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.snapshot import Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.api import GpuDoc, HealthDoc, StatusDoc, create_app
 from gpu_triage.serving.control import ControlRefused, EventsReader, QueuedControl
+from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.serving.publish import SnapshotHolder
 from tests.watchdog.snapshots import T0, snapshot
 
@@ -155,8 +157,8 @@ def test_status_has_every_contract_field(client: TestClient) -> None:
     assert job["verdict"] == "deadlock_suspected"
     assert job["onset"] == T0 - 60.0
     assert job["raised"] == T0 - 20.0
-    assert job["evidence"]["gpus_in_band"] == list(range(8))
-    assert job["evidence"]["phases"] == {"train": list(range(1, 8)), "epoch_end": [0]}
+    assert job["evidence"]["gpus"] == list(range(8))
+    assert job["evidence"]["phases"] == {"0": "epoch_end", **{str(r): "train" for r in range(1, 8)}}
     assert isinstance(job["ranks"], list) and len(job["ranks"]) == 8
     assert job["ranks"][2] == {
         "rank": 2,
@@ -178,6 +180,21 @@ def test_status_matches_its_documented_schema(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()["components"]["schemas"]
     assert schema["GpuDoc"]["properties"].keys() >= GPU_KEYS
     assert schema["StatusDoc"]["properties"].keys() >= STATUS_KEYS
+
+
+def test_openapi_documents_every_evidence_key(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert "EvidenceDoc" in str(schemas["JobDoc"]["properties"]["evidence"])
+    documented = schemas["EvidenceDoc"]["properties"]
+    # every key evidence_dict can write (the optional ones switched on), plus the facts' own documents
+    optional = JobEvidence(gpus_unknown=True, not_kill_worthy_because="x", untrusted_progress_files=({},))
+    full = evidence_dict(optional, cause="c")
+    assert documented.keys() == set(full) | {"nccl_ras", "stacks", "stacks_where", "fleet", "detector_error"}
+    assert all(doc.get("description") or "$ref" in str(doc) for doc in documented.values())
+    for part in ("FindingDoc", "CoverageDoc", "CannotJudgeDoc", "StacksDoc", "NcclRasDoc", "FleetDoc"):
+        assert part in schemas
+    EvidenceDoc.model_validate(full)
+    EvidenceDoc.model_validate({"detector_error": "ValueError: boom"})
 
 
 def test_gpus_is_the_status_gpu_list(client: TestClient) -> None:
@@ -211,7 +228,10 @@ def test_unknown_and_non_finite_values_are_null() -> None:
     lost = replace(
         snap.gpus[1], power_w=None, utilization_ratio=math.nan, state=GpuState.UNKNOWN, temperature_c=math.inf
     )
-    job = replace(snap.jobs[0], evidence={"power_ratio": math.nan, "gpus": (0, 1), "state": GpuState.IDLE})
+    evidence = JobEvidence(
+        gpus=(0, 1), gpu_states={0: GpuState.IDLE}, step_interval_s=math.nan, bytes_read_recently=math.inf
+    )
+    job = replace(snap.jobs[0], evidence=evidence)
     test_client, _ = make_client(replace(snap, gpus=(snap.gpus[0], lost), jobs=(job,)))
     response = test_client.get("/status")
     assert response.status_code == 200
@@ -219,7 +239,9 @@ def test_unknown_and_non_finite_values_are_null() -> None:
     gpu = response.json()["gpus"][1]
     assert (gpu["power_w"], gpu["utilization_ratio"], gpu["temperature_c"]) == (None, None, None)
     assert gpu["state"] == "unknown"
-    assert response.json()["jobs"][0]["evidence"] == {"power_ratio": None, "gpus": [0, 1], "state": "idle"}
+    ev = response.json()["jobs"][0]["evidence"]
+    assert (ev["step_interval_s"], ev["bytes_read_recently"]) == (None, None)
+    assert (ev["gpus"], ev["gpu_states"]) == ([0, 1], {"0": "idle"})
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from gpu_triage.cli.cluster import Fetched, analyse, base_url, render
 from gpu_triage.cli.main import main
+from gpu_triage.model.evidence import JobEvidence
 from gpu_triage.model.snapshot import JobStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.api import create_app, status_document
@@ -62,7 +63,7 @@ def node_snapshot(
         verdict=verdict,
         onset=spin_since if spinning else None,
         raised=now - 5.0 if spinning else None,
-        evidence={"gpus_in_band": list(range(6)), "step_frozen_s": 42.0} if spinning else {},
+        evidence=JobEvidence(gpus=tuple(range(6)), step_interval_s=42.0) if spinning else None,
     )
     return Snapshot(
         node=node,
@@ -358,8 +359,8 @@ def test_status_shows_gpus_and_jobs_and_exits_1_on_a_deadlock(capsys: pytest.Cap
         assert "checkpoint_or_deadlock" in gpu3 and "231 W / 1100 W (21%)" in gpu3 and "(1m10s ago)" in gpu3
         job = next(line for line in out.splitlines() if line.startswith(JOB))
         assert "deadlock_suspected" in job and job.rstrip().endswith("8      1197..1200  11 (-3)")
-        assert "    gpus_in_band: [0, 1, 2, 3, 4, 5]" in out
-        assert "    step_frozen_s: 42.0" in out
+        assert "    gpus: [0, 1, 2, 3, 4, 5]" in out
+        assert "    step_interval_s: 42.0" in out
 
         code, out, _err = run_cli(capsys, "status", "--url", daemon.url, "--json")
         assert code == 1

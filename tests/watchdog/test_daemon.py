@@ -335,7 +335,7 @@ def test_wedged_gpu_keeps_healthz_answering_and_raises_telemetry_lost(tmp_path: 
         t0 = time.monotonic()
         job = wait_for(lost, 20, "telemetry_lost")
         assert time.monotonic() - t0 < 15
-        assert "gpu_reads_failing:5" in job.evidence["signals"]
+        assert "gpu_reads_failing:5" in job.evidence_dict()["signals"]
         r = httpx.get(f"{base}/healthz", timeout=2)
         assert r.status_code == 200 and r.json()["last_cycle_age_s"] < 2
         gpus = {g["gpu"]: g for g in httpx.get(f"{base}/gpus", timeout=2).json()}

@@ -34,6 +34,7 @@ import httpx
 import pytest
 import yaml
 
+from gpu_triage.model.evidence import JobEvidence
 from gpu_triage.model.snapshot import JobStatus, Snapshot
 from gpu_triage.model.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
 from gpu_triage.serving.api import create_app
@@ -194,7 +195,7 @@ def live_snapshot(cycle: int, now: float) -> Snapshot:
         verdict=Verdict.DEADLOCK_SUSPECTED,
         onset=now - 60.0,
         raised=now - 20.0,
-        evidence={"gpus_in_band": list(range(6)), "step_frozen_s": 60.0},
+        evidence=JobEvidence(gpus=tuple(range(6)), step_interval_s=60.0),
     )
     # the same job's facts for the other nodes (the job view): rank 3 stopped first and lags
     where = "collective all_reduce @ train.py:40 main"

@@ -203,8 +203,8 @@ def test_phase_disagreement_is_the_epoch_end_deadlock_even_with_a_live_lease():
         gpus, jobs = job.views()
         (status,) = det.update(float(t), gpus, jobs)
     assert status.verdict in (Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED)
-    assert status.evidence["against"] == [], status.evidence["findings"]
-    lease = [x for x in status.evidence["findings"] if x["signal"] == "live_lease"]
+    assert status.evidence_dict()["against"] == [], status.evidence_dict()["findings"]
+    lease = [x for x in status.evidence_dict()["findings"] if x["signal"] == "live_lease"]
     assert lease and lease[0]["stance"] == "context" and lease[0]["ranks"] == [0, 1, 2, 3]
 
 
@@ -371,7 +371,7 @@ def test_only_hung_verdicts_are_kill_worthy_and_the_evidence_says_why_not():
         130, spin(4, 102), [JobView("ft", ranks_view(4, step=10, changed=100), True, 4, "job")]
     )
     assert hung.verdict is Verdict.DEADLOCK_SUSPECTED and hung.kill_worthy
-    stances = {f["signal"]: f["stance"] for f in hung.evidence["findings"]}
+    stances = {f["signal"]: f["stance"] for f in hung.evidence_dict()["findings"]}
     assert stances["steps_frozen"] == "hang" and stances["spin_band"] == "hang"
     det = Detector()
     learn(det)
@@ -379,7 +379,7 @@ def test_only_hung_verdicts_are_kill_worthy_and_the_evidence_says_why_not():
         200, [], [JobView("ft", ranks_view(4, step=10, changed=100), True, 4, "job")], telemetry_ok=False
     )
     assert stalled.verdict is Verdict.STALLED and not stalled.kill_worthy
-    assert "telemetry" in stalled.evidence["not_kill_worthy_because"]
+    assert "telemetry" in stalled.evidence_dict()["not_kill_worthy_because"]
 
 
 def test_frozen_time_starts_at_the_return_to_train_not_at_the_last_step():
@@ -388,7 +388,7 @@ def test_frozen_time_starts_at_the_return_to_train_not_at_the_last_step():
     learn(det)
     ranks = ranks_view(4, step=10, changed=100, phase_since=400, previous="checkpoint")
     (s,) = det.update(410, spin(4, 398), [JobView("ft", ranks, True, 4, "job")])
-    assert s.verdict is Verdict.HEALTHY and s.evidence["first_step"] == "after_lease"
+    assert s.verdict is Verdict.HEALTHY and s.evidence_dict()["first_step"] == "after_lease"
     (s,) = det.update(430, spin(4, 398), [JobView("ft", ranks, True, 4, "job")])
     assert s.verdict is Verdict.DEADLOCK_SUSPECTED  # 30 s into the first step, every GPU spinning
 
@@ -433,9 +433,10 @@ def test_a_job_on_no_gpu_never_borrows_another_jobs_gpus():
     b_ranks = tuple(replace_gpu(r) for r in ranks_view(4, step=1, changed=0))
     b = JobView("b", b_ranks, True, 4, "job")
     _, sb = det.update(10, spin(4, 0), [a, b])
-    assert sb.evidence["gpus"] == [] and "gpus_unmapped" in {f["signal"] for f in sb.evidence["findings"]}
+    ev = sb.evidence_dict()
+    assert ev["gpus"] == [] and "gpus_unmapped" in {f["signal"] for f in ev["findings"]}
     (alone,) = Detector().update(10, spin(4, 0), [b])
-    assert alone.evidence["gpus_inferred"] is True  # the only job, no GPU claimed: inferred, flagged
+    assert alone.evidence_dict()["gpus_inferred"] is True  # the only job, no GPU claimed: inferred, flagged
 
 
 def replace_gpu(r: RankView) -> RankView:
@@ -577,8 +578,8 @@ def test_no_progress_files_and_no_gpu_of_its_own_cannot_be_judged():
     for status in out:
         assert status.verdict is Verdict.CANNOT_JUDGE and not status.kill_worthy
         assert status.cause is not None and "no rank is tied to a GPU" in status.cause
-        assert status.evidence["gpus_unknown"] is True
-        assert {x["what"] for x in status.evidence["cannot_judge"]} == {"steps", "power", "stacks"}
+        assert status.evidence_dict()["gpus_unknown"] is True
+        assert {x["what"] for x in status.evidence_dict()["cannot_judge"]} == {"steps", "power", "stacks"}
 
 
 def test_progress_only_jobs_with_unknown_gpus_say_their_gpus_are_unknown():
@@ -598,8 +599,8 @@ def test_progress_only_jobs_with_unknown_gpus_say_their_gpus_are_unknown():
     ]
     for status in det.update(1.0, [GpuView(g, C, 0.0) for g in range(4)], jobs):
         assert status.verdict is Verdict.HEALTHY
-        assert status.evidence["gpus"] == [] and status.evidence["gpus_unknown"] is True
-        assert [x["what"] for x in status.evidence["cannot_judge"]] == ["power", "stacks"]
+        assert status.evidence_dict()["gpus"] == [] and status.evidence_dict()["gpus_unknown"] is True
+        assert [x["what"] for x in status.evidence_dict()["cannot_judge"]] == ["power", "stacks"]
 
 
 def test_gpus_held_idle_without_progress_files_cannot_be_judged_never_a_kill():

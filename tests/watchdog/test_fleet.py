@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from gpu_triage.cli.cluster_prometheus import analyse, exit_code, render
 from gpu_triage.model.findings import Signal
 from gpu_triage.model.states import GpuState, Verdict
+from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.signals.fleet.exposition import fleet_metrics
 from gpu_triage.signals.fleet.facts import JobFacts, RankFacts, local_facts
 from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
@@ -340,7 +341,8 @@ def test_remote_facts_complete_the_stack_proof_and_name_the_odd_rank_on_the_othe
     out = _drive(_world)
     hung = [s for s in out if s.kill_worthy]
     assert hung and hung[0].verdict is Verdict.DEADLOCK_SUSPECTED
-    ev = hung[0].evidence
+    ev = hung[0].evidence_dict()
+    EvidenceDoc.model_validate(ev)  # the OpenAPI document describes it (stacks and fleet included)
     assert str(Signal.REMOTE_COMPLETE) in ev["signals"] and str(Signal.STACKS_FROZEN) in ev["signals"]
     assert ev["fleet"]["odd"] == [{"node": "node-a", "rank": 0}]
     assert ev["stacks"]["odd_ranks"] == [0]
@@ -352,15 +354,15 @@ def test_without_remote_facts_or_with_unknown_ones_the_node_judges_alone():
         assert not any(s.kill_worthy for s in out)
         assert out[-1].verdict is Verdict.STALLED
     out = _drive(lambda t: _answer(t, error="unreachable"))
-    assert "per-node" in out[-1].evidence["fleet"]["fallback"]
-    assert str(Signal.REMOTE_UNKNOWN) in {f["signal"] for f in out[-1].evidence["findings"]}
+    assert "per-node" in out[-1].evidence_dict()["fleet"]["fallback"]
+    assert str(Signal.REMOTE_UNKNOWN) in {f["signal"] for f in out[-1].evidence_dict()["findings"]}
 
 
 def test_a_veto_from_another_node_keeps_the_hung_class_away():
     out = _drive(lambda t: _world(t, writing=True))
     assert not any(s.kill_worthy for s in out)
-    assert "node-a: its ranks are writing" in out[-1].evidence["fleet"]["veto"]
-    assert str(Signal.REMOTE_VETO) in {f["signal"] for f in out[-1].evidence["findings"]}
+    assert "node-a: its ranks are writing" in out[-1].evidence_dict()["fleet"]["veto"]
+    assert str(Signal.REMOTE_VETO) in {f["signal"] for f in out[-1].evidence_dict()["findings"]}
 
 
 def test_remote_facts_never_stand_alone_local_stacks_moving():

@@ -8,6 +8,7 @@ from itertools import count
 
 from gpu_triage.model.findings import Signal
 from gpu_triage.model.states import Verdict
+from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.signals.nccl_ras.poller import RasConfig, RasPoller
 from gpu_triage.signals.stacks.dumps import StackSummary
 from gpu_triage.verdicts.detector import Detector, JobView, RankView
@@ -84,10 +85,11 @@ def test_frozen_counts_are_the_second_signal_that_makes_frozen_stacks_kill_worth
         out.append(det.update(now, [], [job], telemetry_ok=False)[0])
     hung = [s for s in out if s.kill_worthy]
     assert hung and hung[0].verdict is Verdict.DEADLOCK_SUSPECTED
-    assert str(Signal.NCCL_COUNTS_FROZEN) in hung[0].evidence["signals"]
-    found = {f["signal"]: f for f in hung[0].evidence["findings"]}
+    assert str(Signal.NCCL_COUNTS_FROZEN) in hung[0].evidence_dict()["signals"]
+    EvidenceDoc.model_validate(hung[0].evidence_dict())  # documented in the OpenAPI schema
+    found = {f["signal"]: f for f in hung[0].evidence_dict()["findings"]}
     assert "rank 9 on 10.0.0.2 GPU 1" in found["nccl_missing_ranks"]["detail"]
-    assert hung[0].evidence["nccl_ras"]["missing_ranks"] == ["rank 9 on 10.0.0.2 GPU 1 pid 4209"]
+    assert hung[0].evidence_dict()["nccl_ras"]["missing_ranks"] == ["rank 9 on 10.0.0.2 GPU 1 pid 4209"]
     # without RAS, busy host threads leave the same stacks unproven
     det2 = Detector()
     for t in range(0, 40):

@@ -190,10 +190,10 @@ def test_every_rank_frozen_in_collectives_and_asleep_is_kill_worthy_from_stacks_
     assert hung, [s.verdict for _, s in out]
     t, st = hung[0]
     assert 20 <= t <= 25 and st.verdict is Verdict.DEADLOCK_SUSPECTED
-    signals = st.evidence["signals"]
+    signals = st.evidence_dict()["signals"]
     assert str(Signal.STACKS_FROZEN) in signals and str(Signal.RANKS_ASLEEP) in signals
     assert str(Signal.STACKS_DIVERGED) in signals  # barrier vs all_reduce at another call site
-    assert "rank 0: collective barrier @" in st.evidence["stacks_where"]
+    assert "rank 0: collective barrier @" in st.evidence_dict()["stacks_where"]
 
 
 def test_frozen_stacks_with_busy_host_threads_are_stalled_never_kill_worthy():
@@ -220,7 +220,7 @@ def test_ranks_of_the_world_not_seen_here_keep_frozen_stacks_from_being_proof():
     out = _drive(make, 90)
     assert not any(s.kill_worthy for _, s in out)
     assert out[-1][1].verdict is Verdict.STALLED
-    assert "other node" in out[-1][1].evidence["not_kill_worthy_because"]
+    assert "other node" in out[-1][1].evidence_dict()["not_kill_worthy_because"]
 
 
 def _real(name: str):
@@ -264,11 +264,12 @@ def test_a_save_or_eval_collective_beside_a_frozen_step_is_kill_worthy_k6_split(
     assert hung, [(t, str(s.verdict)) for t, s in out[::10]]
     t, st = hung[0]
     assert 20 <= t <= 25 and st.verdict is Verdict.DEADLOCK_SUSPECTED
-    signals = st.evidence["signals"]
+    signals = st.evidence_dict()["signals"]
     assert str(Signal.STACKS_PHASE_SPLIT) in signals and str(Signal.RANKS_ASLEEP) in signals
-    assert st.evidence["stacks"]["split_ranks"] == [0] and st.evidence["stacks"]["step_ranks"] == [1]
+    stacks = st.evidence_dict()["stacks"]
+    assert stacks["split_ranks"] == [0] and stacks["step_ranks"] == [1]
     assert not any(s.verdict in (Verdict.CHECKPOINT, Verdict.STALLED_CHECKPOINT) for _, s in out[20:])
-    assert str(Signal.STACK_IN_SAVE) not in st.evidence["against"]
+    assert str(Signal.STACK_IN_SAVE) not in st.evidence_dict()["against"]
 
 
 WAIT_IN_SAVE = (

@@ -24,9 +24,9 @@ from gpu_triage.actions.evidence import (
 )
 from gpu_triage.actions.records import KV_CAPTURES, KvState, Records
 from gpu_triage.actions.worker import CaptureDone, OrderedWorker, WorkerResult
-from gpu_triage.alerts.model import jsonable
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.actions import Action, CaptureState, Result
+from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode
 from gpu_triage.signals.processes import RankProcess

@@ -67,10 +67,11 @@ from gpu_triage.actions.records import KV_EPISODES, KvState, Records
 from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.actions.worker import CaptureDone, KillDone, TermDone, WorkerResult
 from gpu_triage.alerts.config import AlertsConfig
-from gpu_triage.alerts.model import Condition, condition_for, hang_signature, jsonable
+from gpu_triage.alerts.model import Condition, condition_for, hang_signature
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.actions import Action, Result
+from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.names import printable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode, Verdict

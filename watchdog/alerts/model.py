@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpu_triage.model import runbook
+from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Verdict
 
@@ -230,18 +230,15 @@ class Alert:
 
 def job_gpus(job: JobStatus) -> tuple[int, ...]:
     """The GPUs of a job: the detector's evidence list, else the ranks' GPUs."""
-    listed = job.evidence.get("gpus") if isinstance(job.evidence, Mapping) else None
-    if isinstance(listed, list) and all(isinstance(g, int) for g in listed) and listed:
+    listed = job.evidence.gpus if job.evidence is not None else ()
+    if listed:
         return tuple(sorted(set(listed)))
     return tuple(sorted({r.gpu for r in job.ranks if r.gpu is not None}))
 
 
 def frozen_steps(job: JobStatus) -> tuple[int, ...]:
-    """The distinct steps the ranks report (``evidence['steps']``), sorted."""
-    steps = job.evidence.get("steps") if isinstance(job.evidence, Mapping) else None
-    values: set[int] = set()
-    if isinstance(steps, Mapping):
-        values = {int(v) for v in steps.values() if isinstance(v, int) and not isinstance(v, bool)}
+    """The distinct steps the ranks report (the evidence's ``step_by_rank``), sorted."""
+    values = set(job.evidence.step_by_rank.values()) if job.evidence is not None else set()
     if not values:
         values = {r.step for r in job.ranks if r.step is not None}
     return tuple(sorted(values))
@@ -331,7 +328,8 @@ def build_alert(
         }
         for r in job.ranks
     )
-    signals = tuple(str(s) for s in job.evidence.get("signals", ()) or ())
+    signals = job.evidence.signals if job.evidence is not None else ()
+    stacks_where = job.evidence.stacks_where if job.evidence is not None else None
     anchor = str(condition) if condition is Condition.DETERMINISTIC_HANG else str(job.verdict)
     runbook = runbook_url(runbook_base, anchor)
     summary = _summary(condition, job, node, job_gpu_ids, since, now, burned)
@@ -347,7 +345,7 @@ def build_alert(
         f"GPUs: {gpu_ranges(job_gpu_ids) or 'none mapped'}",
         f"GPU-hours burned since onset: {burned:g}",
         f"signals: {', '.join(signals) or 'none'}",
-        *([f"stacks: {job.evidence['stacks_where']}"] if job.evidence.get("stacks_where") else []),
+        *([f"stacks: {stacks_where}"] if stacks_where else []),
         f"runbook: {runbook}",
         f"evidence bundle: {bundle or 'not captured'}",
     ]
@@ -370,7 +368,7 @@ def build_alert(
         gpus=job_gpu_ids,
         gpu_details=gpu_details,
         signals=signals,
-        evidence=jsonable(job.evidence),
+        evidence=job.evidence_dict(),
         gpu_hours=burned,
         runbook=runbook,
         bundle=bundle,
@@ -402,19 +400,6 @@ def pod_text(r: Mapping[str, Any]) -> str:
         name = f"{pod.get('namespace') or '?'}/{pod['pod']}"
         return f"{name}/{pod['container']}" if pod.get("container") else name
     return str(pod.get("pod_uid") or "")
-
-
-def jsonable(value: Any) -> Any:
-    """A JSON-safe deep copy (non-finite floats become None, unknown objects strings)."""
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    return str(value)
 
 
 def resolve(alert: Alert, now: float, reason: str) -> Alert:

@@ -42,6 +42,7 @@ from gpu_triage.daemon.state_lock import StateLock
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.clock import Clock, ClockStep, Timeline
+from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.names import printable
 from gpu_triage.model.samples import TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
@@ -714,7 +715,7 @@ class Daemon:
                 "to": str(j.verdict),
                 "onset": j.onset,
                 "cause": j.cause,
-                "signals": j.evidence.get("signals", []),
+                "signals": list(j.evidence.signals) if j.evidence is not None else [],
                 "ranks": [r.rank for r in j.ranks],
             },
             now,
@@ -725,7 +726,7 @@ class Daemon:
             str(prev) if prev else None,
             str(j.verdict),
             cause=j.cause,
-            signals=[str(x) for x in j.evidence.get("signals", []) or []],
+            signals=list(j.evidence.signals) if j.evidence is not None else [],
             ranks=[r.rank for r in j.ranks],
             onset=j.onset,
             kill_worthy=j.kill_worthy,
@@ -816,8 +817,8 @@ class Daemon:
                     verdict=str(st.verdict),
                     onset=st.onset,
                     kill_worthy=st.kill_worthy,
-                    writing=float(ev.get("bytes_written_recently") or 0.0) >= d.write_active_bytes,
-                    reading=float(ev.get("bytes_read_recently") or 0.0) >= d.read_active_bytes,
+                    writing=ev is not None and ev.bytes_written_recently >= d.write_active_bytes,
+                    reading=ev is not None and ev.bytes_read_recently >= d.read_active_bytes,
                     gpu_spin_since=spin,
                     fresh_s=d.stacks.fresh_s,
                 )
@@ -835,9 +836,7 @@ class Daemon:
     ) -> None:
         if self.store is None:
             return
-        clean = {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in payload.items()
-        }
+        clean = jsonable(payload)
         self.store.append(kind, clean, time_s=self.clock() if now is None else now, gpu=gpu, job=job)
 
     # -- reload ---------------------------------------------------------------------------------

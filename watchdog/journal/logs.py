@@ -39,6 +39,7 @@ from enum import StrEnum
 from typing import Any, TextIO
 
 from gpu_triage.model.actions import KILL_ACTIONS, REFUSAL_RESULTS, Action, Result
+from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.names import printable
 
 LOGGER_NAME = "gpu_watchdog.events"
@@ -123,18 +124,6 @@ def format_text(event: LogLine) -> str:
     return " ".join(parts)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    return str(value)
-
-
 def event_dict(event: LogLine) -> dict[str, Any]:
     """The JSON fields of an event (no time/level: the formatter adds those)."""
     out: dict[str, Any] = {"event": str(event.kind)}
@@ -142,7 +131,7 @@ def event_dict(event: LogLine) -> dict[str, Any]:
         out["job"] = event.job
     out["summary"] = " ".join(event.summary.split())
     for k, v in event.fields.items():
-        out.setdefault(str(k), _jsonable(v))
+        out.setdefault(str(k), jsonable(v))
     return out
 
 

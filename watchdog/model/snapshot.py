@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.findings import Finding
 from gpu_triage.model.states import GpuState, Mode, Verdict
 
@@ -60,7 +61,8 @@ class JobStatus:
     """When the signature behind the verdict began."""
     raised: float | None
     """When the verdict was raised."""
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: JobEvidence | None = None
+    """What the detector recorded (None: not judged; JSON via :meth:`evidence_dict`)."""
     cause: str | None = None
     """What explains the verdict: for data_starvation 'storage_wait', 'cpu_contention' or 'loader';
     for stalled/slow e.g. 'waiting_on_other_nodes', 'lease_expired:eval', 'asymmetric:gpu 3'."""
@@ -68,7 +70,20 @@ class JobStatus:
     """True only for a hung verdict resting on positive evidence of a hang (docs/detector.md): the
     action engine never signals a job whose status does not say so."""
     findings: tuple[Finding, ...] = ()
-    """Every signal's statement this cycle (typed; ``evidence['findings']`` is their JSON form)."""
+    """Every signal's statement this cycle (stored here only; the evidence's JSON lists them)."""
+    detector_error: str | None = None
+    """Why the detector could not judge the job this cycle (its verdict is the last one kept)."""
+
+    def evidence_dict(self) -> dict[str, Any]:
+        """The evidence as JSON (REST ``/status``, alerts, logs, the event store): keys in
+        docs/detector.md ("Evidence"), values JSON-safe."""
+        return evidence_dict(
+            self.evidence,
+            findings=self.findings,
+            kill_worthy=self.kill_worthy,
+            cause=self.cause,
+            detector_error=self.detector_error,
+        )
 
 
 @dataclass(frozen=True, slots=True)

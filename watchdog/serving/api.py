@@ -17,11 +17,9 @@ beyond, checked on ``Content-Length`` and on the bytes actually streamed).
 
 from __future__ import annotations
 
-import enum
 import hmac
 import html
 import json
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -37,9 +35,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpu_triage import __version__
 from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, SilenceBook
+from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.control import Control, ControlRefused, EventsReader
+from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.serving.metrics import MetricsExposition, render
 from gpu_triage.serving.publish import SnapshotHolder
 
@@ -88,25 +88,8 @@ RANK_FIELDS = ("rank", "pid", "gpu", "step", "phase", "lease_until", "alive", "p
 # JSON documents (the contract) and their OpenAPI descriptions
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-safe copy: non-finite floats become null, enums their value, tuples/sets lists."""
-    if value is None or isinstance(value, bool | int | str):
-        return value.value if isinstance(value, enum.Enum) else value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, enum.Enum):
-        return _plain(value.value)
-    if isinstance(value, Mapping):
-        return {str(k.value if isinstance(k, enum.Enum) else k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_plain(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
 def _fields(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
-    return {name: _plain(getattr(obj, name)) for name in names}
+    return {name: jsonable(getattr(obj, name)) for name in names}
 
 
 def gpu_document(gpu: GpuStatus) -> dict[str, Any]:
@@ -116,14 +99,14 @@ def gpu_document(gpu: GpuStatus) -> dict[str, Any]:
 def rank_document(rank: RankStatus) -> dict[str, Any]:
     document = _fields(rank, RANK_FIELDS)
     pod = getattr(rank, "pod", None)
-    document["pod"] = _plain(pod.to_dict()) if pod is not None else None
+    document["pod"] = jsonable(pod.to_dict()) if pod is not None else None
     return document
 
 
 def job_document(job: JobStatus) -> dict[str, Any]:
     document = _fields(job, JOB_FIELDS)
     document["ranks"] = [rank_document(r) for r in job.ranks]
-    document["evidence"] = _plain(job.evidence)
+    document["evidence"] = job.evidence_dict()
     return document
 
 
@@ -132,17 +115,17 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document = _fields(snapshot, STATUS_FIELDS)
     document["gpus"] = [gpu_document(g) for g in snapshot.gpus]
     document["jobs"] = [job_document(j) for j in snapshot.jobs]
-    document["untrusted_progress_files"] = _plain(list(snapshot.untrusted_progress_files))
-    document["input_errors"] = _plain(list(snapshot.input_errors))
+    document["untrusted_progress_files"] = jsonable(list(snapshot.untrusted_progress_files))
+    document["input_errors"] = jsonable(list(snapshot.input_errors))
     document["failed_cycles"] = snapshot.failed_cycles
     document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
-    document["stacks"] = _plain(snapshot.stacks)
-    document["cluster"] = _plain(snapshot.cluster)
+    document["stacks"] = jsonable(snapshot.stacks)
+    document["cluster"] = jsonable(snapshot.cluster)
     return document
 
 
 def _dumps(document: Any) -> bytes:
-    return json.dumps(_plain(document), separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(jsonable(document), separators=(",", ":"), allow_nan=False).encode()
 
 
 FAILING_AFTER_CYCLES = 3
@@ -201,7 +184,7 @@ class JobDoc(_Doc):
     )
     onset: float | None = Field(description="When the signature began (epoch seconds)")
     raised: float | None = Field(description="When the verdict was raised (epoch seconds)")
-    evidence: dict[str, Any]
+    evidence: EvidenceDoc = Field(description="What the detector recorded (docs/detector.md, Evidence)")
     cause: str | None = Field(
         description="What explains the verdict (data_starvation: storage_wait, cpu_contention, loader; "
         "stalled/slow: e.g. waiting_on_other_nodes, lease_expired:eval, asymmetric:gpu 3)"

@@ -306,12 +306,10 @@ def _stack_metrics(snapshot: Snapshot) -> Iterator[Metric]:
         [JOB_LABEL, "rank", "phase"],
     )
     for job in snapshot.jobs:
-        ranks = (job.evidence.get("stacks") or {}).get("ranks") or {}
-        for rank, doc in sorted(ranks.items()):
+        by_rank = job.evidence.stack_phase_by_rank if job.evidence is not None else {}
+        for rank, where in sorted(by_rank.items(), key=lambda item: str(item[0])):
             for candidate in STACK_PHASES:
-                phase.add_metric(
-                    [job.job, str(rank), candidate], 1.0 if doc.get("phase") == candidate else 0.0
-                )
+                phase.add_metric([job.job, str(rank), candidate], 1.0 if where == candidate else 0.0)
     yield phase
     st = snapshot.stacks or {}
     # always exposed, empty before the sampler reports

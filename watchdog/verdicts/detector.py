@@ -58,22 +58,25 @@ from typing import Any
 
 from gpu_triage.model.config_checks import boolean, number
 from gpu_triage.model.config_schema import derived, setting
-from gpu_triage.model.findings import Finding, Signal, Stance, context, hang, progress
+from gpu_triage.model.findings import Signal
 from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.signals.fleet.fusion import FleetEvidence, FleetState, FusionConfig, fuse
-from gpu_triage.signals.fleet.remote import RemoteFacts
-from gpu_triage.signals.nccl_ras.evidence import RasFacts
 from gpu_triage.signals.stacks.config import StacksConfig
-from gpu_triage.signals.stacks.dumps import AVAILABLE, StackSummary
+from gpu_triage.signals.stacks.dumps import AVAILABLE
 from gpu_triage.signals.stacks.evidence import (
     StackFacts,
     asleep_long_enough,
     stack_facts,
-    stack_findings,
     where,
 )
+from gpu_triage.verdicts.evidence import job_evidence, job_findings
+from gpu_triage.verdicts.facts import Decision as _Decision
+from gpu_triage.verdicts.facts import JobFacts as _Facts
 from gpu_triage.verdicts.step_timing import FirstStep, StepTiming, TimingConfig
+from gpu_triage.verdicts.views import GpuView as GpuView
+from gpu_triage.verdicts.views import JobView as JobView
+from gpu_triage.verdicts.views import RankView as RankView
 
 LEASED_PHASES = frozenset({"checkpoint", "eval", "epoch_end", "init", "done"})
 WORKING_STATES = frozenset({GpuState.COMPUTE, GpuState.COMMUNICATION})
@@ -181,79 +184,6 @@ class DetectorConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class GpuView:
-    gpu: int
-    state: GpuState
-    since: float | None
-    nvlink_bytes: float | None = None
-    """Cumulative NVLink tx+rx bytes (None where unsupported)."""
-    util_known: bool = True
-    """False when utilisation is unreadable (MIG, vGPU): the state came from power alone."""
-
-
-@dataclass(frozen=True, slots=True)
-class RankView:
-    rank: int
-    pid: int | None = None
-    gpu: int | None = None
-    alive: bool | None = None
-    status: str | None = None
-    cpu_ratio: float | None = None
-    """CPU seconds per wall second since the last inspection."""
-    write_bytes_delta: float | None = None
-    read_bytes_delta: float | None = None
-    step: int | None = None
-    phase: str | None = None
-    lease_until: float | None = None
-    step_changed_at: float | None = None
-    """When this rank's step last changed (the record time of the first record showing it)."""
-    phase_since: float | None = None
-    """When this rank entered its current phase (record time)."""
-    previous_phase: str | None = None
-    """The phase before, when the change was seen (None: the rank was first seen in this phase)."""
-    proven: bool = False
-    """The process is tied to the job by positive proof (a kill target)."""
-
-    def active_since(self) -> float | None:
-        """Since when a train rank has shown no activity: its last step change or its return to train."""
-        times = [t for t in (self.step_changed_at, self.phase_since) if t is not None]
-        return max(times) if times else None
-
-    def first_step(self) -> FirstStep | None:
-        """Which first step a train rank is in, or None when it is past one (or cannot be told)."""
-        if self.phase != "train" or self.step is None:
-            return None
-        returned = self.previous_phase is not None and self.previous_phase != "train"
-        if returned and self.phase_since is not None:
-            if self.step_changed_at is None or self.step_changed_at <= self.phase_since:
-                return FirstStep.AFTER_START if self.previous_phase == "init" else FirstStep.AFTER_LEASE
-            return None
-        return FirstStep.AFTER_START if self.step == 0 else None
-
-
-@dataclass(frozen=True, slots=True)
-class JobView:
-    job: str
-    ranks: tuple[RankView, ...]
-    has_progress: bool
-    world_size: int | None = None
-    """From the progress files (or the ranks' environment); None when unknown."""
-    lease_scope: str | None = None
-    """``job``: the trainer announces collective phases on every rank, waiting ones included."""
-    untrusted: tuple[dict[str, Any], ...] = ()
-    """Progress files naming this job that were not believed (path, pid, reason)."""
-    stacks: StackSummary | None = None
-    """The ranks' latest Python stacks (the stack sampler), None when none was taken."""
-    ras: RasFacts | None = None
-    """What NCCL's RAS service said about the job's communicators (None: not polled, not found)."""
-    remote: RemoteFacts | None = None
-    """Other nodes' facts about the job from Prometheus (``[cluster]``; None: not configured, or
-    every rank of the world is on this node). Only completes or vetoes this node's evidence."""
-    signalled_pids: frozenset[int] = frozenset()
-    """Pids of this job the daemon's kill ladder has signalled (SIGTERM, the kill hook, scancel)."""
-
-
 @dataclass
 class _RankMemory:
     step: int | None = None
@@ -290,56 +220,6 @@ class _JobMemory:
     """The last time a rank's stack was inside a save: power-only time counts from there."""
     """The last time a rank was stopped or in D-state: frozen time restarts from there (a suspended
     or storage-stalled job that resumes owes no step for the time it could not run)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Facts:
-    """What one cycle's inputs say about one job, before any verdict."""
-
-    job_gpus: list[GpuView]
-    gpus_inferred: bool
-    unmapped: bool
-    """The node has GPUs but no rank of this job is tied to one."""
-    lost: list[int]
-    usable: bool
-    spin_all: bool
-    spin_strong: bool
-    """Every job GPU spinning, utilisation readable, GPUs mapped (not inferred): hang evidence."""
-    spin_since: float | None
-    working: list[GpuView]
-    working_since: float | None
-    """Since when some job GPU has been working without a break."""
-    waiting: list[GpuView]
-    majority_since: float | None
-    """Since when most (not all) job GPUs spin while the rest do something else, utilisation readable:
-    the asymmetric hang's power signature (None: not that split)."""
-    writes: float
-    writing: bool
-    reads: float
-    reading: bool
-    train: list[RankView]
-    live: list[RankView]
-    expired: list[RankView]
-    stopped: list[RankView]
-    dstate: list[RankView]
-    frozen_since: float | None
-    frozen_s: float
-    first: FirstStep | None
-    interval_s: float
-    unseen: int
-    nvlink_frozen: float | None
-    stacks: StackFacts | None = None
-    fleet: FleetEvidence | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Decision:
-    verdict: Verdict
-    onset: float | None
-    cause: str | None = None
-    signals: tuple[str, ...] = ()
-    kill_worthy: bool = False
-    why_not: str | None = None
 
 
 class Detector:
@@ -441,8 +321,8 @@ class Detector:
             verdict=verdict,
             onset=mem.onset if mem is not None else None,
             raised=mem.raised if mem is not None else now,
-            evidence={"detector_error": text},
             cause="detector_error",
+            detector_error=text,
             kill_worthy=False,
         )
 
@@ -462,7 +342,8 @@ class Detector:
         mem.timing.config = cfg.timing()
         self._learn(now, job, mem)
         facts = self._facts(now, job, mem, by_gpu, telemetry_ok, inferred)
-        findings = self._findings(now, job, facts, mem)
+        frozen_after_s = min(self._fast_budget_s(facts, mem.timing, remote=facts.unseen > 0), 60.0)
+        findings = job_findings(now, job, facts, frozen_after_s=frozen_after_s, stacks=cfg.stacks.evidence())
         if not self._blind_reasons(job, facts):
             mem.blind_since = None
         elif mem.blind_since is None:
@@ -470,7 +351,7 @@ class Detector:
         decision = self._decide(now, job, mem, facts)
         if decision.verdict is not mem.verdict:
             mem.verdict, mem.onset, mem.raised = decision.verdict, decision.onset, now
-        evidence = self._evidence(job, facts, mem, findings, decision)
+        evidence = job_evidence(job, facts, decision)
         ranks = _rank_statuses(job)
         return JobStatus(
             job=job.job,
@@ -933,7 +814,7 @@ class Detector:
                 )
         stall = self._stall(now, job, mem, f)
         if stall is not None:
-            onset, cause, signals, steps = stall
+            onset, cause, stall_signals, steps = stall
             if steps and f.working and f.working_since is not None and now - f.working_since < cfg.fast_min_s:
                 return _Decision(Verdict.HEALTHY, None, None, (str(Signal.GPUS_WORKING),))
             if steps and (f.working or (f.reading and not f.dstate)):
@@ -943,7 +824,7 @@ class Detector:
                 if f.dstate:
                     cause = "storage_wait"
             return _Decision(
-                verdict, self._keep_onset(mem, verdict, onset), cause, tuple(signals), why_not=why_not
+                verdict, self._keep_onset(mem, verdict, onset), cause, tuple(stall_signals), why_not=why_not
             )
         if by_stack is not None:
             return by_stack
@@ -958,8 +839,8 @@ class Detector:
         blind = self._cannot_judge(now, job, mem, f)
         if blind is not None:
             return blind
-        signals = (str(Signal.STEPS_ADVANCING),) if f.train and f.frozen_s < 2 * f.interval_s else ()
-        return _Decision(Verdict.HEALTHY, None, None, signals)
+        advancing = f.train and f.frozen_s < 2 * f.interval_s
+        return _Decision(Verdict.HEALTHY, None, None, (str(Signal.STEPS_ADVANCING),) if advancing else ())
 
     @staticmethod
     def _blind_reasons(job: JobView, f: _Facts) -> list[str]:
@@ -1105,174 +986,6 @@ class Detector:
         return None
 
     # -- evidence ---------------------------------------------------------------------------------
-    def _findings(self, now: float, job: JobView, f: _Facts, mem: _JobMemory) -> list[Finding]:
-        out: list[Finding] = []
-        rk = lambda rs: tuple(r.rank for r in rs)  # noqa: E731
-        if f.train and f.frozen_since is not None:
-            if f.frozen_s >= min(self._fast_budget_s(f, mem.timing, remote=f.unseen > 0), 60.0):
-                out.append(
-                    hang(
-                        Signal.STEPS_FROZEN,
-                        f"no train rank advanced for {f.frozen_s:.0f} s (step interval {f.interval_s:.1f} s)",
-                        f.frozen_since,
-                        ranks=rk(f.train),
-                    )
-                )
-            elif f.frozen_s < 2 * f.interval_s:
-                out.append(progress(Signal.STEPS_ADVANCING, "steps advance", f.frozen_since))
-        if f.spin_all:
-            gpus = tuple(g.gpu for g in f.job_gpus)
-            if f.spin_strong:
-                out.append(hang(Signal.SPIN_BAND, "every job GPU in the spin band", f.spin_since, gpus=gpus))
-            else:
-                out.append(context(Signal.SPIN_BAND, "spin band from power alone", f.spin_since, gpus=gpus))
-        if f.working:
-            out.append(
-                progress(
-                    Signal.GPUS_WORKING,
-                    "GPUs in the compute or communication band",
-                    gpus=tuple(g.gpu for g in f.working),
-                )
-            )
-        disagree = [r for r in f.live if r.phase in ("epoch_end", "checkpoint", "eval")]
-        if disagree and f.train:
-            phases = ", ".join(sorted({r.phase or "" for r in disagree}))
-            out.append(
-                hang(
-                    Signal.PHASE_DISAGREEMENT,
-                    f"ranks in {phases} while others are in train",
-                    ranks=rk(disagree),
-                )
-            )
-        # A lease speaks for progress - except the leases of ranks that disagree with frozen train
-        # ranks: they are the epoch-end deadlock itself (K1), never evidence against it.
-        split = disagree if disagree and f.train else []
-        excusing = [r for r in f.live if r not in split]
-        if excusing:
-            out.append(progress(Signal.LIVE_LEASE, "live leases", ranks=rk(excusing)))
-        if split:
-            detail = "live leases of the ranks that left train: the disagreement, not progress"
-            out.append(context(Signal.LIVE_LEASE, detail, ranks=rk(split)))
-        if f.expired:
-            phases = ", ".join(sorted({r.phase or "" for r in f.expired}))
-            out.append(hang(Signal.LEASE_EXPIRED, f"{phases} lease outlived", ranks=rk(f.expired)))
-        if f.nvlink_frozen is not None and f.spin_all:
-            out.append(hang(Signal.NVLINK_FROZEN, "NVLink counters frozen on every job GPU", f.nvlink_frozen))
-        if f.writing:
-            out.append(progress(Signal.WRITES, f"{f.writes:.0f} bytes written recently"))
-        elif f.train or f.spin_all:
-            out.append(context(Signal.NO_WRITES, "nothing written recently"))
-        if f.reading:
-            out.append(progress(Signal.READS, f"{f.reads:.0f} bytes read recently"))
-        if f.stopped:
-            out.append(progress(Signal.RANKS_STOPPED, "ranks stopped (suspended)", ranks=rk(f.stopped)))
-        if f.dstate:
-            out.append(progress(Signal.RANKS_IN_D_STATE, "ranks waiting on storage", ranks=rk(f.dstate)))
-        if not job.has_progress:
-            out.append(context(Signal.NO_PROGRESS_FILES, "no progress files: power and processes only"))
-        if not f.usable and not f.lost:
-            out.append(context(Signal.NO_GPU_TELEMETRY, "no usable GPU telemetry for this job"))
-        if f.unseen:
-            detail = f"{f.unseen} of {job.world_size} ranks run on other nodes"
-            out.append(context(Signal.UNSEEN_RANKS, detail))
-        if f.gpus_inferred or f.unmapped:
-            out.append(context(Signal.GPUS_UNMAPPED, "no rank is tied to a GPU"))
-        if any(not g.util_known for g in f.job_gpus):
-            out.append(context(Signal.UTILIZATION_UNREADABLE, "utilisation unreadable: power-only states"))
-        if f.first is not None:
-            out.append(context(Signal.FIRST_STEP, f"first step {f.first}"))
-        for u in job.untrusted:
-            out.append(context(Signal.UNTRUSTED_PROGRESS_FILE, str(u.get("reason", "")), since=None))
-        out.extend(stack_findings(now, f.stacks, self.config.stacks.evidence()))
-        out.extend(_fleet_findings(f.fleet))
-        ras = job.ras
-        if ras is not None and ras.counts_frozen_since is not None:
-            detail = "NCCL RAS: no collective launched on the job's communicators between polls"
-            out.append(hang(Signal.NCCL_COUNTS_FROZEN, detail, ras.counts_frozen_since))
-        if ras is not None and (ras.missing or ras.behind):
-            named = [f"missing {r.name()}" for r in ras.missing] + [f"behind {r.name()}" for r in ras.behind]
-            ranks = tuple(r.rank for r in (*ras.missing, *ras.behind) if r.rank is not None)
-            out.append(hang(Signal.NCCL_MISSING_RANKS, "NCCL RAS: " + "; ".join(named[:16]), ranks=ranks))
-        return out
-
-    def _evidence(
-        self, job: JobView, f: _Facts, mem: _JobMemory, findings: list[Finding], d: _Decision
-    ) -> dict[str, Any]:
-        evidence: dict[str, Any] = {
-            "gpus": [g.gpu for g in f.job_gpus],
-            "gpus_inferred": f.gpus_inferred,
-            "gpu_states": {str(g.gpu): str(g.state) for g in f.job_gpus},
-            "spin_band_since": f.spin_since,
-            "steps": {str(r.rank): r.step for r in job.ranks if r.step is not None},
-            "phases": {str(r.rank): r.phase for r in job.ranks if r.phase is not None},
-            "steps_frozen_since": f.frozen_since if job.has_progress else None,
-            "step_interval_s": round(f.interval_s, 3),
-            "first_step": str(f.first) if f.first is not None else None,
-            "bytes_written_recently": f.writes,
-            "bytes_read_recently": f.reads,
-            "live_leases": {str(r.rank): r.lease_until for r in f.live},
-            "expired_leases": {str(r.rank): r.lease_until for r in f.expired},
-            "nvlink_frozen_since": f.nvlink_frozen,
-            "telemetry": "ok"
-            if f.usable
-            else ("lost" if f.lost else ("none" if not f.job_gpus else "partial")),
-            "coverage": {
-                "visible_ranks": len(job.ranks),
-                "world_size": job.world_size,
-                "unseen_ranks": f.unseen,
-                "lease_scope": job.lease_scope or "rank",
-            },
-            "signals": list(d.signals),
-            "kill_worthy": d.kill_worthy,
-            "findings": [x.to_dict() for x in findings],
-            "against": sorted({str(x.signal) for x in findings if x.stance is Stance.PROGRESS}),
-        }
-        evidence["cannot_judge"] = self._limits(job, f)
-        if f.unmapped and not f.gpus_inferred:
-            evidence["gpus_unknown"] = True
-        if d.why_not and not d.kill_worthy:
-            evidence["not_kill_worthy_because"] = d.why_not
-        if d.cause:
-            evidence["cause"] = d.cause
-        if job.untrusted:
-            evidence["untrusted_progress_files"] = [dict(u) for u in job.untrusted]
-        if job.ras is not None:
-            evidence["nccl_ras"] = job.ras.to_dict()
-        if f.stacks is not None:
-            evidence["stacks"] = f.stacks.to_dict()
-            evidence["stacks_where"] = where(f.stacks)
-        if f.fleet is not None:
-            evidence["fleet"] = f.fleet.to_dict()
-        return evidence
-
-    @staticmethod
-    def _limits(job: JobView, f: _Facts) -> list[dict[str, str]]:
-        """What this node cannot judge about the job, and why (empty: every signal is there)."""
-        out = []
-        if not job.has_progress:
-            out.append({"what": "steps", "why": "no progress files (no integration)"})
-        if f.unmapped and not f.gpus_inferred:
-            out.append(
-                {
-                    "what": "power",
-                    "why": "no rank is tied to a GPU: the job's GPUs are unknown (a container "
-                    "without host PIDs?)",
-                }
-            )
-        elif f.gpus_inferred:
-            out.append(
-                {"what": "power", "why": "no rank is tied to a GPU: the node's GPUs stand in (context)"}
-            )
-        elif not f.job_gpus:
-            out.append({"what": "power", "why": "no GPU telemetry"})
-        elif not f.usable:
-            out.append({"what": "power", "why": "the job's GPUs cannot be read"})
-        sf = f.stacks
-        if sf is None or not sf.pattern.sampled:
-            why = sf.summary.sampler if sf is not None and sf.summary.sampler != "available" else "none taken"
-            out.append({"what": "stacks", "why": f"no fresh stack ({why})"})
-        return out
-
     @staticmethod
     def _keep_onset(mem: _JobMemory, verdict: Verdict, onset: float | None) -> float | None:
         return mem.onset if mem.verdict is verdict and mem.onset is not None else onset
@@ -1375,22 +1088,6 @@ def _opt_time(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise ValueError(f"not a time: {value!r}")
     return float(value)
-
-
-def _fleet_findings(fl: FleetEvidence | None) -> list[Finding]:
-    if fl is None:
-        return []
-    if fl.state is FleetState.VETO:
-        return [progress(Signal.REMOTE_VETO, fl.reason)]
-    if fl.state is FleetState.UNKNOWN:
-        return [context(Signal.REMOTE_UNKNOWN, f"{fl.reason}: this node's own judgment only")]
-    if fl.stacks_complete:
-        odd = f"; odd: {fl.named_odd()}" if fl.odd else ""
-        detail = f"every rank of the world frozen, on {len(fl.nodes) + 1} nodes{odd}"
-        return [hang(Signal.REMOTE_COMPLETE, detail, fl.frozen_since, ranks=fl.odd_ranks())]
-    if fl.state is FleetState.COMPLETE:
-        return [hang(Signal.REMOTE_COMPLETE, fl.reason, fl.remote_frozen_since)]
-    return [context(Signal.REMOTE_UNKNOWN, fl.reason)]
 
 
 def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:
