@@ -104,6 +104,7 @@ def _measure(hostile: bool, cycles: int) -> tuple[float, float, float, int]:
                 {"daemon.state_dir": str(Path(tmp) / "state"), "progress.dir": str(progress)},
                 origin="bench",
             )
+
             class _Clock:  # the daemon's wall and monotonic clocks, both the explicit ``now``
                 def wall(self) -> float:
                     return clock["now"]

@@ -20,10 +20,10 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
 from gpu_triage.classify.tracker import GpuTracker
@@ -54,12 +54,15 @@ from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.nccl_ras.poller import RasPoller
 from gpu_triage.signals.pods import PodResolver
-from gpu_triage.signals.processes import ProcessInspector, ProgressClaim
+from gpu_triage.signals.processes import ProcessInspector, ProcessView, ProgressClaim, RankProcess
 from gpu_triage.signals.progress import ProgressReader, ProgressView
 from gpu_triage.signals.stacks.dumps import StackPhase
 from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
 from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView
 from gpu_triage.verdicts.fusion import job_views
+
+if TYPE_CHECKING:  # the HTTP stack is imported only when the daemon serves
+    from gpu_triage.serving.http_server import HttpServer
 
 log = logging.getLogger("gpu_watchdog")
 
@@ -125,7 +128,7 @@ class Daemon:
         self.inspector = ProcessInspector()
         self.pods = PodResolver()  # Kubernetes pod of each rank (gpu_triage.signals.pods); none outside one
         self.store: EventStore | None = None
-        self.http = None
+        self.http: HttpServer | None = None
         self.notifier = SdNotifier()
         self.actions = actions
         self._stop = threading.Event()
@@ -139,7 +142,7 @@ class Daemon:
         self._episode_saved: tuple[int, Any] | None = None
         self._episode_saved_at: float | None = None
         self._sample_duration_s = 0.0
-        self._process_view = None
+        self._process_view: ProcessView | None = None
         self._untrusted: tuple[dict[str, Any], ...] = ()
         self._silences_saved = 0
         self.cycle_no = 0
@@ -735,7 +738,9 @@ class Daemon:
     def _with_stacks(self, now: float, jobs: list[JobView]) -> list[JobView]:
         """Ask the sampler for dumps of every job's proven live ranks (it decides what is due) and
         hand each job its latest stacks."""
-        procs = self._process_view.jobs if self._process_view is not None else {}
+        procs: Mapping[str, tuple[RankProcess, ...]] = (
+            self._process_view.jobs if self._process_view is not None else {}
+        )
         out = []
         suspicious = False
         for j in jobs:
