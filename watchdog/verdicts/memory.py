@@ -37,6 +37,8 @@ class JobMemory:
     asymmetric_since: float | None = None
     working_since: float | None = None
     excused_at: float | None = None
+    """The last time a rank was stopped or in D-state: frozen time restarts from there (a suspended
+    or storage-stalled job that resumes owes no step for the time it could not run)."""
     no_compute_since: float | None = None
     """No progress files: since when every job GPU has been working or waiting without one of them
     computing (the spin sitting on the communication band's edge)."""
@@ -48,8 +50,6 @@ class JobMemory:
     """Since when every rank's host CPU has been idle (stack evidence)."""
     save_seen_at: float | None = None
     """The last time a rank's stack was inside a save: power-only time counts from there."""
-    """The last time a rank was stopped or in D-state: frozen time restarts from there (a suspended
-    or storage-stalled job that resumes owes no step for the time it could not run)."""
 
 
 def keep_onset(mem: JobMemory, verdict: Verdict, onset: float | None) -> float | None:
