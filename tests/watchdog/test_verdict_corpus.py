@@ -39,17 +39,17 @@ def test_the_corpus_covers_the_families_it_claims() -> None:
 def test_a_detector_that_kills_on_frozen_steps_alone_fails_the_corpus() -> None:
     """The corpus can fail: a detector that calls frozen steps a hang puts healthy jobs in a SIGTERM
     plan (an unannounced eval, a save on another node, a slow model's 75 s steps)."""
-    from gpu_triage.verdicts import detector as det
+    from gpu_triage.verdicts import hang_rules
 
-    original = det.Detector._hung
+    original = hang_rules.hung
 
-    def naive(self, now, job, mem, f):
-        found = original(self, now, job, mem, f)
+    def naive(now, job, f, cfg, timing, save_seen_at):
+        found = original(now, job, f, cfg, timing, save_seen_at)
         if found is None and f.train and f.frozen_since is not None and f.frozen_s >= 60:
-            return f.frozen_since, ["steps_frozen"]
+            return hang_rules.Hang(f.frozen_since, ("steps_frozen",))
         return found
 
-    det.Detector._hung = naive
+    hang_rules.hung = naive
     try:
         by_name = {c.name: c for c in CASES}
         broken = [
@@ -57,6 +57,6 @@ def test_a_detector_that_kills_on_frozen_steps_alone_fails_the_corpus() -> None:
             for name in ("eval-unannounced", "remote-save-600s-third-party", "slow-model-unlearned")
         ]
     finally:
-        det.Detector._hung = original
+        hang_rules.hung = original
     assert all(r.problems() for r in broken)
     assert any(r.killed_healthy for r in broken)
