@@ -70,7 +70,7 @@ bench: $(FULL_STAMP)
 # Without build isolation: setuptools and wheel come from the [dev] extra already in the venv, so this
 # needs no package index (an isolated build would download setuptools).
 dist: $(BASE_STAMP)
-	rm -rf dist
+	rm -rf dist build  # a stale build/ would ship modules since moved or deleted
 	$(PY) -m build --no-isolation --outdir dist .
 	@ls -l dist
 

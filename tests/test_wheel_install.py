@@ -19,6 +19,7 @@ import base64
 import csv
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -44,9 +45,23 @@ def run(*args: str | Path, cwd: Path = REPO, timeout: float = 300) -> str:
     return result.stdout
 
 
+def fresh_tree(dest: Path) -> Path:
+    """This checkout's files as a fresh clone has them (tracked, plus new files git does not ignore).
+    A build in the working tree reuses its ``build/`` of an earlier build, and would ship modules that
+    have since been moved or deleted."""
+    listed = run("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    for name in filter(None, listed):
+        src = REPO / name
+        if src.is_file() and not src.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
 def build_wheel(out: Path) -> Path:
     # As `make dist` does: without isolation, offline (setuptools and wheel come from the [dev] extra).
-    run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, REPO)
+    src = fresh_tree(out.parent / "src")
+    run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, src, cwd=src)
     (wheel,) = out.glob("gpu_triage-*.whl")
     return wheel
 

@@ -31,6 +31,7 @@ from gpu_triage.signals.processes import ProcessInspector
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.verdicts.detector import Detector
 from gpu_triage.verdicts.fusion import job_views
+from tests.spawned import wait_for_exec
 
 JOB = "victim-job"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -56,13 +57,13 @@ def _clean_env() -> dict[str, str]:
 def spawn_rank(rank: int, world: int, job: str = JOB) -> subprocess.Popen:
     env = _clean_env() | {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)}
     env["GPU_WATCHDOG_JOB"] = job
-    return subprocess.Popen(SLEEP, env=env, start_new_session=True)
+    return wait_for_exec(subprocess.Popen(SLEEP, env=env, start_new_session=True))
 
 
 def spawn_bystander() -> subprocess.Popen:
     """An unrelated process in a session of its own: ``setsid`` execs in place (its child is not a
     group leader), so the pid is the sleeper's."""
-    return subprocess.Popen(["setsid", *SLEEP], env=_clean_env())
+    return wait_for_exec(subprocess.Popen(["setsid", *SLEEP], env=_clean_env()), marker=b"import time")
 
 
 def forged_progress_file(duration_s: int = 260) -> ForgedOutcome:

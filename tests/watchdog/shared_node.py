@@ -33,6 +33,7 @@ from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.telemetry.none import NoneSource
 from tests.conftest import in_ci
+from tests.spawned import wait_for_exec
 
 GROUP = "wd18train"
 USERS = ("wd18alice", "wd18bob")
@@ -88,10 +89,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def spawn_as(user: User, argv: list[str], env: Mapping[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
+    return wait_for_exec(subprocess.Popen(
         argv, user=user.uid, group=user.gid, extra_groups=[], env=dict(env), start_new_session=True,
         cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def spawn_rank_as(user: User, job: str, rank: int, world: int, **extra: str) -> subprocess.Popen:

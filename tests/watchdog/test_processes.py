@@ -28,6 +28,7 @@ from gpu_triage.signals.processes import (
     pick_ranks,
     rank_env,
 )
+from tests.spawned import wait_for_exec
 
 T0 = 1_764_681_000.0
 SLEEP = f"import time; time.sleep({120})"
@@ -50,7 +51,7 @@ def spawn() -> Iterator[Spawn]:
         full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env or {})}
         p = subprocess.Popen(argv, env=full_env, start_new_session=True, **kw)  # type: ignore[call-overload]
         procs.append(p)
-        return p
+        return wait_for_exec(p)
 
     yield start
     for p in procs:

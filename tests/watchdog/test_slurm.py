@@ -32,6 +32,7 @@ from gpu_triage.signals.slurm import (
     judge_slurm_ranks,
     read_facts,
 )
+from tests.spawned import wait_for_exec
 
 JOB = SlurmIdentity("4242", "batch")
 
@@ -79,6 +80,7 @@ def test_read_facts_of_a_process_outside_slurm_confirms_nothing():
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(30)"], env={**env, "SLURM_JOB_ID": "4242"}
     )
+    wait_for_exec(child)
     try:
         got = read_facts(child.pid, ("rank_env",))
     finally:
