@@ -253,3 +253,42 @@ def test_a_power_limit_no_gpu_has_is_refused_not_a_hidden_deadlock(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "power" in err and "outside 1-5000 W" in err, err
+
+
+def test_a_replayed_recording_with_an_impossible_power_limit_is_refused(tmp_path: Path) -> None:
+    from gpu_triage.model.samples import TelemetryUnavailable
+    from gpu_triage.telemetry.replay import ReplaySource
+
+    csv = _h100_csv(tmp_path / "rec.csv", "1e308")
+    with pytest.raises(TelemetryUnavailable, match=r"rec\.csv: power\.limit: .*outside 1-5000 W"):
+        ReplaySource(csv)
+    ReplaySource(_h100_csv(tmp_path / "ok.csv", "700.00")).close()
+
+
+@pytest.mark.parametrize("impossible_w", [1e308, 0.0, -700.0, float("inf")])
+def test_a_live_sample_with_an_impossible_power_limit_is_classified_against_the_table(
+    impossible_w: float,
+) -> None:
+    """An H100 spinning at 130 W (the deadlock signature) whose sample says its limit is 1e308 W is
+    still in the spin band: the impossible limit is counted and set aside, never divided by."""
+    from gpu_triage.classify.tracker import GpuTracker
+    from gpu_triage.model.samples import GpuSample
+    from gpu_triage.model.states import GpuState
+
+    def run(limit_w: float) -> tuple[GpuState, int]:
+        tracker = GpuTracker()
+        for t in range(240):
+            tracker.update(
+                float(t),
+                [
+                    GpuSample(
+                        gpu=0, time_s=float(t), name="NVIDIA H100 80GB HBM3", power_w=130.0,
+                        utilization_ratio=1.0, power_limit_w=limit_w,
+                    )
+                ],
+            )  # fmt: skip
+        (status,) = tracker.statuses()
+        return status.state, tracker.impossible_limits_total
+
+    assert run(700.0) == (GpuState.CHECKPOINT_OR_DEADLOCK, 0)
+    assert run(impossible_w) == (GpuState.CHECKPOINT_OR_DEADLOCK, 240)

@@ -15,6 +15,7 @@ from pathlib import Path
 from gpu_triage.classify.hysteresis import GpuClassifier
 from gpu_triage.classify.power_table import PowerTable
 from gpu_triage.classify.table_files import resolve_table
+from gpu_triage.model.limits import power_limit_problem
 from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.snapshot import GpuStatus
 from gpu_triage.model.states import GpuState
@@ -57,6 +58,10 @@ class GpuTracker:
     table_path: Path | None = None
     dwell_s: Mapping[str, float] = field(default_factory=dict)
     _gpus: dict[int, _Gpu] = field(default_factory=dict)
+    impossible_limits_total: int = 0
+    """Samples whose power limit no GPU has (0 W, 1e308 W: a glitch or a hostile recording); each is
+    classified against its table's own limit, never against the impossible one (which would scale
+    every band out of reach and hide a deadlock)."""
 
     def _table_for(self, sample: GpuSample) -> PowerTable:
         table = resolve_table(
@@ -79,6 +84,9 @@ class GpuTracker:
     def update(self, now: float, samples: Sequence[GpuSample]) -> list[StateChange]:
         changes: list[StateChange] = []
         for s in samples:
+            if s.power_limit_w is not None and power_limit_problem(s.power_limit_w) is not None:
+                self.impossible_limits_total += 1
+                s = replace(s, power_limit_w=None)
             gpu = self._gpus.get(s.gpu)
             if gpu is None or (
                 s.name and gpu.last is not None and gpu.last.name != s.name and s.error is None
