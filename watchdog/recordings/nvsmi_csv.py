@@ -174,7 +174,8 @@ class NvsmiCsvReader:
         limit = probe.values.get("power_limit_w")
         power_limit_w = None
         if limit is not None and np.isfinite(limit).any():
-            power_limit_w = float(np.nanmedian(limit))
+            # one of the recorded values (no mean of two): 1e308 stays 1e308 and is refused as such
+            power_limit_w = float(np.nanpercentile(limit, 50, method="lower"))
         return RecordingHeader(
             path=str(self.path),
             columns=layout.names,

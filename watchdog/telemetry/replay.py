@@ -98,7 +98,11 @@ class ReplaySource:
         for gpu in range(gpu_count):
             rows = self._rows[gpu]
             limits = chunk.power_limit_w[rows]
-            limit = float(np.nanmedian(limits)) if np.isfinite(limits).any() else self.header.power_limit_w
+            limit = (
+                float(np.nanpercentile(limits, 50, method="lower"))
+                if np.isfinite(limits).any()
+                else self.header.power_limit_w
+            )
             totals = chunk.memory_total_bytes[rows]
             total = float(totals[np.isfinite(totals)][0]) if np.isfinite(totals).any() else None
             name = (names[gpu] if names else "") or "unknown"
