@@ -582,6 +582,82 @@ def test_a_restarted_engine_resumes_the_episode_it_had_in_progress(
     assert d2.actions("sigterm")[:2] == [("sigterm", "started"), ("sigterm", "ok")]
 
 
+def test_a_restart_between_sigterm_and_sigkill_still_sends_the_sigkill(
+    tmp_path: Path, store: EventStore, procs: Procs
+) -> None:
+    """The ranks ignore SIGTERM and the engine that sent it stops before its SIGKILL (due 60 s later).
+    The restarted engine knows the pids it signalled (the detector keeps calling them ``killed``: no
+    new episode, no second kill against the budget) and sends the SIGKILL rung when the grace ends."""
+    clock = FakeClock()
+    pids, processes = two_ranks(procs, mode="ignore")
+    rank_pids = [p.pid for p in processes[JOB]]
+    confirmed = make_job(Verdict.DEADLOCK_CONFIRMED, ranks=2, pids=rank_pids)
+    eng = make_engine(store, tmp_path, clock, sigkill_grace_s=60.0)
+    d = Driver(eng, clock)
+    try:
+        d.run(40, Mode.KILL, [confirmed], processes)
+    finally:
+        eng.close()
+    assert ("sigterm", "ok") in d.actions() and not d.actions("sigkill"), d.actions()
+    assert not wait_dead(pids, timeout_s=1.0), "the ranks ignore SIGTERM"
+    eng2 = make_engine(store, tmp_path, clock, sigkill_grace_s=60.0)
+    assert eng2.signalled_pids(JOB) == frozenset(rank_pids)
+    d2 = Driver(eng2, clock)
+    try:
+        d2.run(70, Mode.KILL, [make_job(Verdict.KILLED, ranks=2, pids=rank_pids)], processes)
+        assert wait_dead(pids)
+    finally:
+        eng2.close()
+    kills = [(r["result"], r.get("resumed")) for r in d2.records if r["action"] == "sigkill"]
+    assert kills == [("ok", True)], d2.records
+    assert not d2.actions("sigterm"), d2.actions()
+
+
+def test_a_restarted_engine_that_is_not_armed_sends_no_persisted_sigkill(
+    tmp_path: Path, store: EventStore, procs: Procs
+) -> None:
+    clock = FakeClock()
+    pids, processes = two_ranks(procs, mode="ignore")
+    confirmed = make_job(Verdict.DEADLOCK_CONFIRMED, ranks=2, pids=[p.pid for p in processes[JOB]])
+    eng = make_engine(store, tmp_path, clock, sigkill_grace_s=60.0)
+    try:
+        Driver(eng, clock).run(40, Mode.KILL, [confirmed], processes)
+    finally:
+        eng.close()
+    eng2 = make_engine(store, tmp_path, clock, sigkill_grace_s=60.0)
+    d2 = Driver(eng2, clock)
+    try:
+        d2.run(70, Mode.ALERT, [], processes)
+    finally:
+        eng2.close()
+    assert d2.actions("sigkill") == [("sigkill", "disarmed")]
+    assert not wait_dead(pids, timeout_s=1.0)
+
+
+def test_a_persisted_kill_is_restored_exactly_and_hostile_ones_are_dropped() -> None:
+    from gpu_triage.actions.episode import KillState
+    from gpu_triage.actions.kill import KillPlan
+    from gpu_triage.actions.kills import restored_kill, saved_kill
+    from gpu_triage.model.actions import KillStage
+
+    plan = KillPlan((4242,), (4243,), {4242: 1796338649.25, 4243: None, 4244: 1796338650.0})
+    k = KillState("job", False, False, KillStage.TERM_SENT, plan=plan, term_time=1796338700.5)
+    back = restored_kill("job", saved_kill(k))
+    assert back is not None and back.resumed
+    assert (back.plan, back.term_time, back.stage) == (plan, k.term_time, KillStage.TERM_SENT)
+    assert saved_kill(KillState("job", True, False, KillStage.TERM_SENT, plan=plan, term_time=1.0)) is None
+    assert saved_kill(KillState("job", False, True, KillStage.TERM_SENT, plan=plan, term_time=1.0)) is None
+    good = saved_kill(k)
+    assert good is not None
+    for bad in (
+        None, [], "x", {}, good | {"term_time": float("nan")}, good | {"term_time": True},
+        good | {"pids": [1]}, good | {"pids": ["4243"]}, good | {"groups": [0]},
+        good | {"members": [[4242]]}, good | {"members": [[4242, "yesterday"]]},
+        good | {"groups": [], "pids": []}, good | {"pids": list(range(2, 5000))},
+    ):  # fmt: skip
+        assert restored_kill("job", bad) is None, bad
+
+
 def test_five_minute_outage_loses_nothing_and_cycle_time_stays_flat(
     tmp_path: Path, store: EventStore
 ) -> None:

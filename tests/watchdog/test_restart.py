@@ -92,9 +92,11 @@ def _verdicts(state: Path) -> list[str | None]:
     return [e["payload"].get("to") for e in _events(state) if e["kind"] == "verdict" and e["job"] == JOB]
 
 
-def scenario(tmp_path: Path) -> None:
-    """Run inside a PID namespace of its own (see the test): the daemon sees only this job's ranks,
-    never another process of the machine (an armed daemon on a shared test machine would kill them)."""
+def _setup(
+    tmp_path: Path, *, sigkill_grace_s: float, ignore_sigterm: bool
+) -> tuple[Path, Path, Path, float, subprocess.Popen]:
+    """The config, the state directory, the log and the simulated job (started ~15 s before its
+    epoch-end deadlock)."""
     progress, state, log = tmp_path / "progress", tmp_path / "state", tmp_path / "daemon.log"
     config = tmp_path / "config.toml"
     config.write_text(
@@ -110,35 +112,44 @@ mode = "kill"
 capture_after_s = 0.0
 alert_after_s = 0.0
 sigterm_after_s = 2.0
-sigkill_grace_s = 3.0
+sigkill_grace_s = {sigkill_grace_s}
 capture_timeout_s = 10.0
 """
     )
     start = time.time() - 95.0  # the scenario's epoch-end deadlock begins at 110 s: ~15 s from now
+    argv = [
+        sys.executable,
+        "-m",
+        "gpu_triage.demo.simjob",
+        "--job",
+        JOB,
+        "--progress-dir",
+        str(progress),
+        "--start-epoch",
+        str(start),
+        "--interval-s",
+        "0.2",
+        "--heartbeat-s",
+        "2",  # the trainer's flusher (30 s in production): files rewritten while the ranks hang
+    ]
     job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpu_triage.demo.simjob",
-            "--job",
-            JOB,
-            "--progress-dir",
-            str(progress),
-            "--start-epoch",
-            str(start),
-            "--interval-s",
-            "0.2",
-            "--heartbeat-s",
-            "2",  # the trainer's flusher (30 s in production): files rewritten while the ranks hang
-        ],
-        cwd=REPO,
-        start_new_session=True,
+        [*argv, "--ignore-sigterm"] if ignore_sigterm else argv, cwd=REPO, start_new_session=True
+    )
+    return config, state, log, start, job
+
+
+def _restart_when(tmp_path: Path, what: str, ready, *, sigkill_grace_s: float, ignore_sigterm: bool) -> None:
+    """Start the job and an armed daemon; once ``ready(state)``, stop the daemon (SIGTERM, as
+    ``systemctl restart`` does), let the flusher rewrite every rank file, start a new daemon on the
+    same state directory and wait for the job to end."""
+    config, state, log, start, job = _setup(
+        tmp_path, sigkill_grace_s=sigkill_grace_s, ignore_sigterm=ignore_sigterm
     )
     first = _daemon(config, state, start, log)
     second: subprocess.Popen | None = None
     try:
-        _wait("deadlock_suspected", lambda: "deadlock_suspected" in _verdicts(state), 120, log)
-        _stop(first)  # mid-episode: suspected, not yet confirmed, nothing signalled
+        _wait(what, lambda: ready(state), 120, log)
+        _stop(first)
         assert job.poll() is None
         time.sleep(5.0)  # the flusher rewrites every rank file (new `time`) while no daemon watches
         second = _daemon(config, state, start, log)
@@ -153,8 +164,35 @@ capture_timeout_s = 10.0
             job.wait()
 
 
-@pytest.mark.slow
-def test_a_daemon_restarted_mid_episode_kills_the_hung_job_once(tmp_path: Path) -> None:
+def scenario(tmp_path: Path) -> None:
+    """Run inside a PID namespace of its own (see the test): the daemon sees only this job's ranks,
+    never another process of the machine (an armed daemon on a shared test machine would kill them).
+    Stopped mid-episode: suspected, not yet confirmed, nothing signalled."""
+    _restart_when(
+        tmp_path,
+        "deadlock_suspected",
+        lambda state: "deadlock_suspected" in _verdicts(state),
+        sigkill_grace_s=3.0,
+        ignore_sigterm=False,
+    )
+
+
+def _term_sent(state: Path) -> bool:
+    return any(
+        e["kind"] == "action"
+        and e["payload"].get("action") == "sigterm"
+        and e["payload"].get("result") == "ok"
+        for e in _events(state)
+    )
+
+
+def scenario_between_rungs(tmp_path: Path) -> None:
+    """Stopped between SIGTERM and SIGKILL, with ranks that ignore SIGTERM (its SIGKILL was due 20 s
+    later and lived only in the stopped daemon's memory)."""
+    _restart_when(tmp_path, "the SIGTERM", _term_sent, sigkill_grace_s=20.0, ignore_sigterm=True)
+
+
+def _in_own_pid_namespace(tmp_path: Path, which: str) -> None:
     unshare = require_binary("unshare", "the armed daemon runs in a PID namespace of its own")
     if os.geteuid() != 0:
         pytest.skip("a PID namespace with its own /proc needs root (CI runs as root)")
@@ -168,6 +206,7 @@ def test_a_daemon_restarted_mid_episode_kills_the_hung_job_once(tmp_path: Path) 
             "-m",
             "tests.watchdog.test_restart",
             str(tmp_path),
+            which,
         ],
         cwd=REPO,
         capture_output=True,
@@ -175,9 +214,18 @@ def test_a_daemon_restarted_mid_episode_kills_the_hung_job_once(tmp_path: Path) 
         timeout=400,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _actions(events: list[dict]) -> list[dict]:
+    return [e["payload"] for e in events if e["kind"] == "action" and e["job"] == JOB]
+
+
+@pytest.mark.slow
+def test_a_daemon_restarted_mid_episode_kills_the_hung_job_once(tmp_path: Path) -> None:
+    _in_own_pid_namespace(tmp_path, "mid_episode")
     state = tmp_path / "state"
     events = _events(state)
-    actions = [e["payload"] for e in events if e["kind"] == "action" and e["job"] == JOB]
+    actions = _actions(events)
     term = next(
         (
             e["id"]
@@ -207,5 +255,33 @@ def test_a_daemon_restarted_mid_episode_kills_the_hung_job_once(tmp_path: Path) 
     assert len(starts) == 2
 
 
+@pytest.mark.slow
+def test_a_daemon_restarted_between_sigterm_and_sigkill_finishes_the_kill(tmp_path: Path) -> None:
+    """The ranks ignore SIGTERM; the daemon that sent it is stopped 20 s before its SIGKILL. The new
+    daemon keeps reading the signalled ranks as ``killed`` (no new episode, no second SIGTERM, no
+    refusal from the kill budget) and sends the SIGKILL rung itself, which ends the job."""
+    _in_own_pid_namespace(tmp_path, "between_rungs")
+    events = _events(tmp_path / "state")
+    actions = _actions(events)
+    starts = [e["id"] for e in events if e["kind"] == "daemon" and e["payload"].get("event") == "started"]
+    assert len(starts) == 2, events
+    started = [a for a in actions if a.get("action") == "sigterm" and a.get("result") == "started"]
+    assert len(started) == 1, actions
+    kills = [
+        (e["id"], e["payload"].get("result"), e["payload"].get("resumed"))
+        for e in events
+        if e["kind"] == "action" and e["job"] == JOB and e["payload"].get("action") == "sigkill"
+    ]
+    assert [(r, resumed) for _, r, resumed in kills] == [("ok", True)], actions
+    assert kills[0][0] > starts[1]
+    after = [
+        e["payload"].get("to")
+        for e in events
+        if e["kind"] == "verdict" and e["job"] == JOB and e["id"] > starts[1]
+    ]
+    assert not {"deadlock_suspected", "deadlock_confirmed"} & set(after), after
+    assert not [a for a in actions if a.get("result") in ("refused", "rate_limited")], actions
+
+
 if __name__ == "__main__":
-    scenario(Path(sys.argv[1]))
+    {"mid_episode": scenario, "between_rungs": scenario_between_rungs}[sys.argv[2]](Path(sys.argv[1]))

@@ -98,8 +98,9 @@ class Episode:
 
 @dataclass(slots=True)
 class KillState:
-    """A job's kill, from the SIGTERM rung to done (not persisted: a restarted daemon does not resume a
-    kill; the episode's ``kill_started`` keeps it from starting a second one)."""
+    """A job's kill, from the SIGTERM rung to done. Once its SIGTERM went out by signal, the plan is
+    persisted (``actions.kills_in_progress``): a daemon restarted before the SIGKILL rung sends it
+    (:mod:`gpu_triage.actions.kills`)."""
 
     job: str
     hook: bool
@@ -114,6 +115,8 @@ class KillState:
     """Why the ranks' claimed Slurm job was not cancelled through Slurm (kill_via "auto" signals)."""
     slurm: SlurmTarget | None = None
     """The Slurm job the SIGTERM rung cancelled (the SIGKILL rung then goes through Slurm too)."""
+    resumed: bool = False
+    """Restored from the store by a restarted daemon (its SIGTERM was sent by the previous one)."""
 
 
 class HangSignatures:

@@ -1,21 +1,28 @@
 """Kill coordination on the loop thread: the SIGTERM rung's checks (armed, the deterministic-hang
 breaker, evidence still being captured, proven targets of one owner, the kills-per-hour budget persisted in
 ``actions.kill_times``), the kill's stages, the SIGKILL rung after ``sigkill_grace_s``, and the workers'
-outcomes turned into records. What the worker runs is :mod:`gpu_triage.actions.kill_runs`."""
+outcomes turned into records. What the worker runs is :mod:`gpu_triage.actions.kill_runs`.
+
+A kill outlives a restart of the daemon (``actions.kills_in_progress``): which pids were signalled (the
+detector keeps calling them ``killed``, so the dying job never begins a new episode) and, once a SIGTERM
+went out by signal, its plan - the restarted daemon sends the SIGKILL rung when its grace runs out, to
+the plan's processes whose create time still matches (a reused pid is never signalled)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import logging
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_triage.actions.captures import rank_targets
 from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.episode import Episode, KillState
-from gpu_triage.actions.kill import Identity
+from gpu_triage.actions.kill import Identity, KillPlan
 from gpu_triage.actions.kill_runs import KillRunner
 from gpu_triage.actions.ladder import sigkill_step
-from gpu_triage.actions.records import KV_KILLS, KvState, Records
+from gpu_triage.actions.records import KV_KILLS, KV_KILLS_IN_PROGRESS, KvState, Records
 from gpu_triage.actions.worker import HookRun, HookSurvivors, KillDone, OrderedWorker, TermDone
 from gpu_triage.alerts.model import rfc3339
 from gpu_triage.model.actions import Action, CaptureState, KillStage, Result
@@ -24,6 +31,61 @@ from gpu_triage.model.states import Mode
 from gpu_triage.signals.processes import RankProcess
 
 KILL_WINDOW_S = 3600.0
+MAX_SAVED_PIDS = 4096
+"""Pids kept per saved kill (a job's ranks and their descendants; more is not a training job)."""
+
+log = logging.getLogger(__name__)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _pids(value: object) -> tuple[int, ...] | None:
+    if not isinstance(value, list) or len(value) > MAX_SAVED_PIDS:
+        return None
+    out = tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool) and v > 1)
+    return out if len(out) == len(value) else None
+
+
+def saved_kill(k: KillState) -> dict[str, Any] | None:
+    """What a restarted daemon needs to send ``k``'s SIGKILL rung (None: nothing to continue - a hook,
+    Slurm or dry-run kill, or one whose SIGTERM has not gone out)."""
+    if k.stage is not KillStage.TERM_SENT or k.hook or k.dry_run or k.slurm is not None:
+        return None
+    if k.plan is None or k.plan.empty or k.term_time is None:
+        return None
+    return {
+        "term_time": k.term_time,
+        "groups": list(k.plan.groups),
+        "pids": list(k.plan.pids),
+        "members": [[pid, created] for pid, created in sorted(k.plan.members.items())],
+    }
+
+
+def restored_kill(job: str, saved: object) -> KillState | None:
+    """The kill ``saved`` describes, waiting for its SIGKILL rung; None for anything malformed."""
+    if not isinstance(saved, Mapping):
+        return None
+    term_time = _number(saved.get("term_time"))
+    groups, pids = _pids(saved.get("groups")), _pids(saved.get("pids"))
+    members_raw = saved.get("members")
+    if term_time is None or groups is None or pids is None or not isinstance(members_raw, list):
+        return None
+    members: dict[int, float | None] = {}
+    for entry in members_raw[:MAX_SAVED_PIDS]:
+        if not (isinstance(entry, list) and len(entry) == 2 and _pids([entry[0]])):
+            return None
+        pid, created = entry
+        if created is not None and _number(created) is None:
+            return None
+        members[pid] = None if created is None else float(created)
+    plan = KillPlan(groups, pids, members)
+    if plan.empty:
+        return None
+    return KillState(job, False, False, KillStage.TERM_SENT, plan=plan, term_time=term_time, resumed=True)
 
 
 class KillCoordinator:
@@ -41,6 +103,37 @@ class KillCoordinator:
         self._kill_times: list[float] = [
             float(t) for t in kv.get(KV_KILLS, []) if isinstance(t, (int, float))
         ]
+        self._saved: Any = None
+        self._restore(kv.get(KV_KILLS_IN_PROGRESS, {}))
+
+    def _restore(self, saved: object) -> None:
+        """Take over the kills the previous daemon had in progress (see the module's docstring)."""
+        if not isinstance(saved, Mapping):
+            return
+        signalled, kills = saved.get("signalled"), saved.get("kills")
+        for job, entry in signalled.items() if isinstance(signalled, Mapping) else ():
+            if isinstance(job, str) and isinstance(entry, list) and len(entry) == 2:
+                when, pids = _number(entry[0]), _pids(entry[1])
+                if when is not None and pids is not None:
+                    self._signalled[job] = (when, frozenset(pids))
+        for job, entry in kills.items() if isinstance(kills, Mapping) else ():
+            k = restored_kill(job, entry) if isinstance(job, str) else None
+            if k is None:
+                log.warning("cannot continue the persisted kill of %r: malformed", str(job)[:200])
+                continue
+            self._kills[job] = k
+            log.warning("continuing the kill of %s: its SIGTERM went out before the restart", job)
+        self._saved = {"signalled": saved.get("signalled"), "kills": saved.get("kills")}
+
+    def persist(self, now: float) -> None:
+        """Mirror the signalled pids and the kills awaiting their SIGKILL rung to the store."""
+        value = {
+            "signalled": {job: [when, sorted(pids)] for job, (when, pids) in self._signalled.items()},
+            "kills": {job: v for job, k in self._kills.items() if (v := saved_kill(k)) is not None},
+        }
+        if value != self._saved:
+            self._kv.set(KV_KILLS_IN_PROGRESS, value, now)
+            self._saved = value
 
     def signalled_pids(self, job: str, now: float) -> frozenset[int]:
         entry = self._signalled.get(job)
@@ -135,6 +228,7 @@ class KillCoordinator:
         }
         self.worker.submit(lambda: self.runs.term(k, pids, values, ranks, identities))
         records.add(now, action, Result.STARTED, job=job.job, pids=pids, dry_run=a.dry_run)
+        self.persist(now)
 
     # ------------------------------------------------------------------------------ SIGKILL
 
@@ -153,6 +247,7 @@ class KillCoordinator:
                 continue
             k.stage = KillStage.KILL_RUNNING
             self.worker.submit(functools.partial(self.runs.kill, k))
+        self.persist(now)
 
     def __bool__(self) -> bool:
         return bool(self._kills)
@@ -191,6 +286,7 @@ class KillCoordinator:
             k.stage = KillStage.TERM_SENT
             result = Result.DRY_RUN if outcome.dry_run else (Result.OK if outcome.signalled else Result.ERROR)
         records.add(now, Action.SIGTERM, result, job=job, **outcome.to_dict())
+        self.persist(now)
         return {"sigterm": list(outcome.signalled), "dry_run": outcome.dry_run, "at": rfc3339(now)}
 
     def killed(self, done: KillDone, now: float, records: Records) -> None:
@@ -211,7 +307,9 @@ class KillCoordinator:
                 result = Result.NOT_NEEDED
             else:
                 result = Result.DRY_RUN if value.dry_run else (Result.OK if value.signalled else Result.ERROR)
-            records.add(now, Action.SIGKILL, result, job=job, **value.to_dict())
+            resumed = {"resumed": True} if k.resumed else {}
+            records.add(now, Action.SIGKILL, result, job=job, **value.to_dict(), **resumed)
+        self.persist(now)
 
 
 __all__ = ["KILL_WINDOW_S", "KillCoordinator"]

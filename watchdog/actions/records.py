@@ -21,6 +21,7 @@ KV_KILLS = "actions.kill_times"
 KV_SIGNATURES = "actions.hang_signatures"
 KV_EPISODES = "actions.episodes"
 KV_CAPTURES = "actions.last_capture"
+KV_KILLS_IN_PROGRESS = "actions.kills_in_progress"
 
 
 class Records:
@@ -58,4 +59,13 @@ class KvState:
             log.warning("cannot persist %s: %s", key, e)
 
 
-__all__ = ["KV_ACTIVE", "KV_CAPTURES", "KV_EPISODES", "KV_KILLS", "KV_SIGNATURES", "KvState", "Records"]
+__all__ = [
+    "KV_ACTIVE",
+    "KV_CAPTURES",
+    "KV_EPISODES",
+    "KV_KILLS",
+    "KV_KILLS_IN_PROGRESS",
+    "KV_SIGNATURES",
+    "KvState",
+    "Records",
+]

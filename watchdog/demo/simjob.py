@@ -38,6 +38,8 @@ def run_rank(args: argparse.Namespace) -> int:
     from gpu_triage.telemetry.sim import Scenario
 
     scenario = Scenario.load(args.scenario)
+    if args.ignore_sigterm:  # a rank blocked in a collective often never gets to run its handler
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     world = int(os.environ.get("WORLD_SIZE", args.ranks))
@@ -111,6 +113,8 @@ def launch(args: argparse.Namespace) -> int:
             cmd += ["--scratch-dir", str(args.scratch_dir)]
         if args.heartbeat_s:
             cmd += ["--heartbeat-s", str(args.heartbeat_s)]
+        if args.ignore_sigterm:
+            cmd.append("--ignore-sigterm")
         children.append(subprocess.Popen(cmd, env=env))
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -173,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="run the progress flusher: rewrite each file this often even while the rank hangs "
         "(the trainer's flusher does every 30 s; 0: no flusher)",
+    )
+    p.add_argument(
+        "--ignore-sigterm",
+        action="store_true",
+        help="the ranks ignore SIGTERM (as a rank stuck in a collective may): only SIGKILL ends them",
     )
     p.add_argument("--rank-process", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
