@@ -120,6 +120,7 @@ def test_unknown_values_are_left_out_not_invented() -> None:
         temperature_c=None,
         state=GpuState.UNKNOWN,
         read_errors_total=7,
+        impossible_power_limits_total=3,
     )
     by_name = samples(scrape(replace(snap, gpus=(snap.gpus[0], lost), last_sample_time=None)))
     assert [s.labels["gpu"] for s in by_name["gpu_watchdog_power_watts"]] == ["0"]
@@ -127,6 +128,8 @@ def test_unknown_values_are_left_out_not_invented() -> None:
     assert [s.labels["gpu"] for s in by_name["gpu_watchdog_temperature_celsius"]] == ["0"]
     errors = {s.labels["gpu"]: s.value for s in by_name["gpu_watchdog_read_errors_total"]}
     assert errors == {"0": 0.0, "1": 7.0}
+    impossible = {s.labels["gpu"]: s.value for s in by_name["gpu_watchdog_impossible_power_limit_total"]}
+    assert impossible == {"0": 0.0, "1": 3.0}
     assert "gpu_watchdog_last_sample_timestamp_seconds" not in by_name
 
 

@@ -46,6 +46,7 @@ class _Gpu:
     classifier: GpuClassifier
     last: GpuSample | None = None
     read_errors_total: int = 0
+    impossible_limits_total: int = 0
     last_good_s: float | None = None
     edges: tuple[float | None, float | None, float | None] | None = None
     """(limit, compute floor, spin ceiling) in watts, recomputed only when the limit changes."""
@@ -84,7 +85,8 @@ class GpuTracker:
     def update(self, now: float, samples: Sequence[GpuSample]) -> list[StateChange]:
         changes: list[StateChange] = []
         for s in samples:
-            if s.power_limit_w is not None and power_limit_problem(s.power_limit_w) is not None:
+            impossible = s.power_limit_w is not None and power_limit_problem(s.power_limit_w) is not None
+            if impossible:
                 self.impossible_limits_total += 1
                 s = replace(s, power_limit_w=None)
             gpu = self._gpus.get(s.gpu)
@@ -94,6 +96,7 @@ class GpuTracker:
                 table = self._table_for(s)
                 gpu = _Gpu(table, GpuClassifier(table))
                 self._gpus[s.gpu] = gpu
+            gpu.impossible_limits_total += impossible
             limit = s.power_limit_w or gpu.table.power_limit_w
             if s.error is not None or s.power_w is None or not limit:
                 frac = math.nan
@@ -149,6 +152,7 @@ class GpuTracker:
                     temperature_c=s.temperature_c if ok else None,
                     sm_clock_mhz=s.sm_clock_mhz if ok else None,
                     read_errors_total=t.read_errors_total,
+                    impossible_power_limits_total=t.impossible_limits_total,
                     compute_floor_w=t.edges[1],
                     spin_ceiling_w=t.edges[2],
                 )

@@ -31,6 +31,8 @@ class GpuStatus:
     temperature_c: float | None = None
     sm_clock_mhz: float | None = None
     read_errors_total: int = 0
+    impossible_power_limits_total: int = 0
+    """Samples whose enforced power limit no GPU has (classified against the table's own limit)."""
     compute_floor_w: float | None = None
     """The table's compute floor for this GPU in watts (its band edges follow the enforced limit)."""
     spin_ceiling_w: float | None = None

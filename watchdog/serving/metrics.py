@@ -64,6 +64,7 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_state": "gauge",
     "gpu_watchdog_state_since_timestamp_seconds": "gauge",
     "gpu_watchdog_read_errors_total": "counter",
+    "gpu_watchdog_impossible_power_limit_total": "counter",
     "gpu_watchdog_gpu_held_idle_seconds": "gauge",
     "gpu_watchdog_verdict": "gauge",
     "gpu_watchdog_verdict_onset_timestamp_seconds": "gauge",
@@ -189,6 +190,12 @@ def _gpu_metrics(gpus: tuple[GpuStatus, ...], hostname: str) -> Iterator[Metric]
     read_errors = _counter(
         PREFIX + "read_errors_total", "Failed or late telemetry reads of the GPU.", GPU_LABELS
     )
+    impossible_limits = _counter(
+        PREFIX + "impossible_power_limit_total",
+        "Samples whose enforced power limit no GPU has (outside 1-5000 W); classified against the "
+        "power table's own limit instead.",
+        GPU_LABELS,
+    )
     for gpu in gpus:
         labels = _gpu_labels(gpu, hostname)
         for family, attribute in per_gpu:
@@ -201,9 +208,10 @@ def _gpu_metrics(gpus: tuple[GpuStatus, ...], hostname: str) -> Iterator[Metric]
         for candidate in GPU_STATES:
             state.add_metric([*labels, candidate.value], 1.0 if gpu.state == candidate else 0.0)
         read_errors.add_metric(labels, float(gpu.read_errors_total))
+        impossible_limits.add_metric(labels, float(gpu.impossible_power_limits_total))
     for family, _attribute in per_gpu:
         yield family
-    yield from (sm_clock, state, read_errors)
+    yield from (sm_clock, state, read_errors, impossible_limits)
 
 
 HELD_MEMORY_BYTES = 1 << 30
