@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from gpu_triage.actions.records import KV_KILLS, KV_KILLS_IN_PROGRESS, KvState, 
 from gpu_triage.actions.worker import HookRun, HookSurvivors, KillDone, OrderedWorker, TermDone
 from gpu_triage.alerts.model import rfc3339
 from gpu_triage.model.actions import Action, CaptureState, KillStage, Result
+from gpu_triage.model.jsonable import finite_number
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import Mode
 from gpu_triage.signals.processes import RankProcess
@@ -35,12 +35,6 @@ MAX_SAVED_PIDS = 4096
 """Pids kept per saved kill (a job's ranks and their descendants; more is not a training job)."""
 
 log = logging.getLogger(__name__)
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 def _pids(value: object) -> tuple[int, ...] | None:
@@ -69,7 +63,7 @@ def restored_kill(job: str, saved: object) -> KillState | None:
     """The kill ``saved`` describes, waiting for its SIGKILL rung; None for anything malformed."""
     if not isinstance(saved, Mapping):
         return None
-    term_time = _number(saved.get("term_time"))
+    term_time = finite_number(saved.get("term_time"))
     groups, pids = _pids(saved.get("groups")), _pids(saved.get("pids"))
     members_raw = saved.get("members")
     if term_time is None or groups is None or pids is None or not isinstance(members_raw, list):
@@ -79,7 +73,7 @@ def restored_kill(job: str, saved: object) -> KillState | None:
         if not (isinstance(entry, list) and len(entry) == 2 and _pids([entry[0]])):
             return None
         pid, created = entry
-        if created is not None and _number(created) is None:
+        if created is not None and finite_number(created) is None:
             return None
         members[pid] = None if created is None else float(created)
     plan = KillPlan(groups, pids, members)
@@ -113,7 +107,7 @@ class KillCoordinator:
         signalled, kills = saved.get("signalled"), saved.get("kills")
         for job, entry in signalled.items() if isinstance(signalled, Mapping) else ():
             if isinstance(job, str) and isinstance(entry, list) and len(entry) == 2:
-                when, pids = _number(entry[0]), _pids(entry[1])
+                when, pids = finite_number(entry[0]), _pids(entry[1])
                 if when is not None and pids is not None:
                     self._signalled[job] = (when, frozenset(pids))
         for job, entry in kills.items() if isinstance(kills, Mapping) else ():

@@ -22,7 +22,6 @@ on any node; 2 any daemon unreachable or answering something that is not a ``/st
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,6 +32,8 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+
+from gpu_triage.model.jsonable import finite_number
 
 EXIT_OK, EXIT_DEADLOCK, EXIT_UNREACHABLE = 0, 1, 2
 DEFAULT_PORT = 9410
@@ -372,13 +373,6 @@ def _job_json(job: ClusterJob) -> dict[str, Any]:
     }
 
 
-def _finite(value: Any) -> float | None:
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
 def _labels(fetched: Sequence[Fetched]) -> list[str]:
     names = [f.status["node"] if f.status else f.url for f in fetched]
     counts: dict[str, int] = {}
@@ -399,15 +393,15 @@ def _node_view(fetched: Fetched, label: str) -> NodeView:
     for gpu in status["gpus"]:
         states[gpu["state"]] = states.get(gpu["state"], 0) + 1
         if gpu["state"] == SPIN_STATE:
-            spin.append((gpu["gpu"], _finite(gpu.get("state_since"))))
+            spin.append((gpu["gpu"], finite_number(gpu.get("state_since"))))
     timed = sorted((t, g) for g, t in spin if t is not None)
-    node_time = _finite(status.get("time"))
+    node_time = finite_number(status.get("time"))
     jobs = tuple(
         JobOnNode(
             job=job["job"],
             verdict=job["verdict"],
-            onset=_finite(job.get("onset")),
-            raised=_finite(job.get("raised")),
+            onset=finite_number(job.get("onset")),
+            raised=finite_number(job.get("raised")),
             ranks=len(job.get("ranks", [])),
         )
         for job in status["jobs"]

@@ -11,12 +11,13 @@ power are not events) and ``/events`` (verdict changes and actions). :func:`buil
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gpu_triage.model.jsonable import finite_number
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -97,17 +98,10 @@ class Timeline:
         return any(p.power_w for p in self.points)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
 def status_point(doc: Mapping[str, Any], job: str, time_s: float | None = None) -> StatusPoint | None:
     """The part of one ``/status`` document that concerns ``job`` (``None`` when the document has no
     time). Power is the node's GPUs that the job's ranks use, or every GPU when no rank names one."""
-    t = _number(time_s) if time_s is not None else _number(doc.get("time"))
+    t = finite_number(time_s) if time_s is not None else finite_number(doc.get("time"))
     if t is None:
         return None
     jobs = [j for j in doc.get("jobs") or [] if isinstance(j, dict) and j.get("job") == job]
@@ -127,7 +121,7 @@ def status_point(doc: Mapping[str, Any], job: str, time_s: float | None = None) 
     for g in doc.get("gpus") or []:
         if not isinstance(g, dict) or not isinstance(g.get("gpu"), int):
             continue
-        watts = _number(g.get("power_w"))
+        watts = finite_number(g.get("power_w"))
         if watts is not None and (not gpus_of_job or g["gpu"] in gpus_of_job):
             power[g["gpu"]] = watts
     return StatusPoint(t, steps, power, verdict)
@@ -149,7 +143,7 @@ def build_timeline(
     the polled points; the last band runs to ``end_s`` (default: the last point or event)."""
     pts = tuple(sorted((p for p in points if p is not None), key=lambda p: p.time_s))
     mine = sorted(
-        (e for e in events if e.get("job") == job and _number(e.get("time")) is not None),
+        (e for e in events if e.get("job") == job and finite_number(e.get("time")) is not None),
         key=lambda e: (float(e["time"]), int(e.get("id") or 0)),
     )
     times = [p.time_s for p in pts] + [float(e["time"]) for e in mine]
@@ -169,7 +163,7 @@ def build_timeline(
             if to is None and p.get("event") == "job_gone" and "job_gone" not in seen:
                 seen.add("job_gone")
                 marks.append(Mark(t, "job_gone", "job gone"))
-            onset = _number(p.get("onset"))
+            onset = finite_number(p.get("onset"))
             if (
                 to in ("deadlock_suspected", "deadlock_confirmed")
                 and onset is not None

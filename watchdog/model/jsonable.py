@@ -25,3 +25,12 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
+
+
+def finite_number(value: object) -> float | None:
+    """A number read back from JSON (a document, the store): a finite int or float as a float, else
+    None - a bool, a string, NaN or infinity is no number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
