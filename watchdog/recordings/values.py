@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from gpu_triage.model.limits import MAX_POWER_LIMIT_W, MIN_POWER_LIMIT_W
+
 
 @dataclass(frozen=True)
 class RecordingHeader:
@@ -89,3 +91,12 @@ def gpu_model_name(header: RecordingHeader) -> str | None:
     if not names:
         return None
     return max(set(names), key=lambda n: (names.count(n), n))
+
+
+def impossible_power_limit(limits_w: np.ndarray) -> float | None:
+    """The first recorded power limit no GPU has (outside 1-5000 W), None when every finite one is
+    plausible. Such a limit (1e308 W) would scale every band out of reach and hide a deadlock: triage
+    and the replay source refuse the recording."""
+    finite = limits_w[np.isfinite(limits_w)]
+    bad = finite[(finite < MIN_POWER_LIMIT_W) | (finite > MAX_POWER_LIMIT_W)]
+    return float(bad[0]) if bad.size else None

@@ -20,25 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu_triage.model.limits import MAX_POWER_LIMIT_W, MIN_POWER_LIMIT_W, power_limit_problem
+from gpu_triage.model.limits import power_limit_problem
 from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
+from gpu_triage.recordings.values import impossible_power_limit
 
 
 def _value(array: np.ndarray, row: int) -> float | None:
     value = float(array[row])
     return None if math.isnan(value) else value
-
-
-def _refuse_impossible_limits(path: str | Path, header_w: float | None, limits_w: np.ndarray) -> None:
-    """A recorded power limit no GPU has (1e308 W) would scale every band out of reach and hide a
-    deadlock: the recording is refused, as triage refuses it."""
-    finite = limits_w[np.isfinite(limits_w)]
-    bad = finite[(finite < MIN_POWER_LIMIT_W) | (finite > MAX_POWER_LIMIT_W)]
-    value = float(bad[0]) if bad.size else header_w
-    problem = power_limit_problem(value) if value is not None else None
-    if problem is not None:
-        raise TelemetryUnavailable(f"replay: {path}: power.limit: {problem}")
 
 
 class ReplaySource:
@@ -66,7 +56,9 @@ class ReplaySource:
             raise TelemetryUnavailable(f"replay: {error}") from error
         except OSError as error:
             raise TelemetryUnavailable(f"replay: cannot read {path}: {error.strerror or error}") from error
-        _refuse_impossible_limits(path, reader.header.power_limit_w, chunk.power_limit_w)
+        impossible_w = impossible_power_limit(chunk.power_limit_w)  # every row (the header's value too)
+        if impossible_w is not None:
+            raise TelemetryUnavailable(f"replay: {path}: power.limit: {power_limit_problem(impossible_w)}")
         self.path = Path(path)
         self.header = reader.header
         self.warnings = list(reader.warnings)

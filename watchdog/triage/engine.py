@@ -21,9 +21,10 @@ from gpu_triage.classify.bands import CODE
 from gpu_triage.classify.hysteresis import Carry, classify_series
 from gpu_triage.classify.power_table import PowerTable, TableError
 from gpu_triage.classify.table_files import match_model, resolve_table
-from gpu_triage.model.limits import MAX_POWER_LIMIT_W, MIN_POWER_LIMIT_W, power_limit_problem
+from gpu_triage.model.limits import power_limit_problem
 from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError, RecordingHeader
+from gpu_triage.recordings.values import impossible_power_limit
 from gpu_triage.triage import DEFAULT_DEADLOCK_AFTER_S
 from gpu_triage.triage.bursts import Bursts, BurstTracker
 from gpu_triage.triage.deadlock_rule import Cadence, Wait, analyse
@@ -223,10 +224,9 @@ def triage_file(
         p_all = chunk.power_w[order]
         u_all = chunk.utilization_ratio[order]
         if use_file_limit and np.isfinite(chunk.power_limit_w).any():
-            finite = chunk.power_limit_w[np.isfinite(chunk.power_limit_w)]
-            bad = finite[(finite < MIN_POWER_LIMIT_W) | (finite > MAX_POWER_LIMIT_W)]
-            if bad.size:
-                raise TriageInputError(f"{path}: power.limit: {power_limit_problem(float(bad[0]))}")
+            impossible_w = impossible_power_limit(chunk.power_limit_w)
+            if impossible_w is not None:
+                raise TriageInputError(f"{path}: power.limit: {power_limit_problem(impossible_w)}")
             lim_all = np.where(np.isfinite(chunk.power_limit_w[order]), chunk.power_limit_w[order], limit_w)
         else:
             lim_all = None
