@@ -47,6 +47,9 @@ class _Gpu:
     last: GpuSample | None = None
     read_errors_total: int = 0
     impossible_limits_total: int = 0
+    """Samples whose power limit no GPU has (0 W, 1e308 W: a glitch or a hostile recording); each is
+    classified against its table's own limit, never against the impossible one (which would scale
+    every band out of reach and hide a deadlock)."""
     last_good_s: float | None = None
     edges: tuple[float | None, float | None, float | None] | None = None
     """(limit, compute floor, spin ceiling) in watts, recomputed only when the limit changes."""
@@ -59,10 +62,6 @@ class GpuTracker:
     table_path: Path | None = None
     dwell_s: Mapping[str, float] = field(default_factory=dict)
     _gpus: dict[int, _Gpu] = field(default_factory=dict)
-    impossible_limits_total: int = 0
-    """Samples whose power limit no GPU has (0 W, 1e308 W: a glitch or a hostile recording); each is
-    classified against its table's own limit, never against the impossible one (which would scale
-    every band out of reach and hide a deadlock)."""
 
     def _table_for(self, sample: GpuSample) -> PowerTable:
         table = resolve_table(
@@ -87,7 +86,6 @@ class GpuTracker:
         for s in samples:
             impossible = s.power_limit_w is not None and power_limit_problem(s.power_limit_w) is not None
             if impossible:
-                self.impossible_limits_total += 1
                 s = replace(s, power_limit_w=None)
             gpu = self._gpus.get(s.gpu)
             if gpu is None or (
