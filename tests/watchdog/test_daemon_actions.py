@@ -23,9 +23,9 @@ import pytest
 
 from gpu_triage.daemon.config import SinkConfig, load_config, override
 from gpu_triage.daemon.loop import Daemon
+from gpu_triage.demo import simjob
 from gpu_triage.journal.logs import LOGGER_NAME
 from gpu_triage.telemetry.sim import SimSource
-from tests.conftest import REPO
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -64,21 +64,7 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
     threading.Thread(target=server.serve_forever, daemon=True).start()
     start = time.time() - 100.0  # the scenario's epoch-end deadlock begins at 110 s: ~10 s from now
     progress = tmp_path / "progress"
-    job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpu_triage.demo.simjob",
-            "--progress-dir",
-            str(progress),
-            "--start-epoch",
-            str(start),
-            "--interval-s",
-            "0.2",
-        ],
-        cwd=REPO,
-        start_new_session=True,
-    )
+    job = simjob.start(progress, start, interval_s=0.2)
     bystander = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_triage.demo import simjob
 from tests.conftest import REPO, require_binary
 
 JOB = "restart-test"
@@ -117,23 +118,13 @@ capture_timeout_s = 10.0
 """
     )
     start = time.time() - 95.0  # the scenario's epoch-end deadlock begins at 110 s: ~15 s from now
-    argv = [
-        sys.executable,
-        "-m",
-        "gpu_triage.demo.simjob",
-        "--job",
-        JOB,
-        "--progress-dir",
-        str(progress),
-        "--start-epoch",
-        str(start),
-        "--interval-s",
-        "0.2",
-        "--heartbeat-s",
-        "2",  # the trainer's flusher (30 s in production): files rewritten while the ranks hang
-    ]
-    job = subprocess.Popen(
-        [*argv, "--ignore-sigterm"] if ignore_sigterm else argv, cwd=REPO, start_new_session=True
+    job = simjob.start(
+        progress,
+        start,
+        job=JOB,
+        interval_s=0.2,
+        heartbeat_s=2.0,  # the trainer's flusher (30 s in production): files rewritten while the ranks hang
+        ignore_sigterm=ignore_sigterm,
     )
     return config, state, log, start, job
 

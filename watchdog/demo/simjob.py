@@ -137,11 +137,17 @@ def start(
     ranks: int = 8,
     world_size: int = 16,
     interval_s: float = 0.25,
+    job: str = "qwen3-32b-ft",
+    heartbeat_s: float = 0.0,
+    ignore_sigterm: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start the simulated job in its own session (so ``os.killpg(proc.pid, ...)`` stops every rank) and
     return its launcher process. ``start_epoch``: the wall-clock second its scenario starts at - the
-    same anchor the daemon's ``--source sim`` gets, so the ranks' progress and the simulated GPUs agree."""
+    same anchor the daemon's ``--source sim`` gets, so the ranks' progress and the simulated GPUs agree.
+    The other arguments are the command line's (``--help``)."""
     argv = [
+        "--job",
+        job,
         "--progress-dir",
         str(progress_dir),
         "--start-epoch",
@@ -157,6 +163,10 @@ def start(
     ]
     if scratch_dir is not None:
         argv += ["--scratch-dir", str(scratch_dir)]
+    if heartbeat_s:
+        argv += ["--heartbeat-s", str(heartbeat_s)]
+    if ignore_sigterm:
+        argv.append("--ignore-sigterm")
     return subprocess.Popen([sys.executable, "-m", MODULE, *argv], start_new_session=True)
 
 
