@@ -255,3 +255,36 @@ def test_a_bad_dump_leaves_its_rank_without_a_stack(tmp_path: Path, junk: bytes)
     (bundle / "py-spy-rank1-pid101.txt").write_bytes(junk)
     page = read_groups(write_report(bundle).read_text())
     assert page.groups["no stack"] == ["rank 1 (pid 101)"]
+
+
+def test_the_report_says_why_from_a_bundle_the_daemon_wrote(tmp_path: Path) -> None:
+    """Issue 28 (1): the "Why" section comes from the bundle the action engine really writes (a hang
+    judged by the real detector, captured by the real capture rung), not from a hand-made status.json:
+    every finding of the verdict is on the page, and ``evidence-report`` rewrites it the same."""
+    from gpu_triage.journal.eventstore import EventStore
+    from gpu_triage.model.states import Mode, Verdict
+    from gpu_triage.verdicts.detector import Detector, JobView
+    from tests.watchdog.test_action_engine import Driver, make_engine
+    from tests.watchdog.test_delivery import FakeClock
+    from tests.watchdog.test_detector import learn, ranks_view, spin
+
+    det = Detector()
+    learn(det)
+    (hung,) = det.update(
+        130, spin(4, 102), [JobView("ft", ranks_view(4, step=10, changed=100), True, 4, "job")]
+    )
+    assert hung.verdict is Verdict.DEADLOCK_SUSPECTED and hung.findings
+    clock = FakeClock()
+    store = EventStore(tmp_path / "state", T0)
+    engine = make_engine(store, tmp_path, clock)
+    try:
+        Driver(engine, clock).run(3, Mode.OBSERVE, [hung])
+    finally:
+        engine.close()
+    (event,) = [e for e in store.since(0, 1000) if e.kind == "evidence"]
+    store.close()
+    bundle = Path(event.payload["path"])
+    for text in ((bundle / REPORT_FILE).read_text(), write_report(bundle).read_text()):
+        assert "No findings recorded" not in text
+        for finding in hung.findings:
+            assert f"<td>{finding.signal}</td><td>{finding.stance}</td>" in text, finding

@@ -10,6 +10,7 @@ import math
 import queue
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gpu_triage.actions.episode import Episode
 from gpu_triage.actions.evidence import (
@@ -34,6 +35,15 @@ from gpu_triage.signals.processes import RankProcess
 log = logging.getLogger("gpu_triage.actions.engine")
 
 CAPTURE_MIN_INTERVAL_S = 300.0
+
+
+def job_document(job: JobStatus) -> dict[str, Any]:
+    """The job in ``status.json``: its fields, with ``evidence`` in its one JSON form
+    (``JobStatus.evidence_dict()``: the findings are in it, as in ``/status``; docs/detector.md)."""
+    doc: dict[str, Any] = jsonable(dataclasses.asdict(job))
+    doc.pop("findings", None)
+    doc["evidence"] = job.evidence_dict()
+    return doc
 
 
 def rank_targets(job: JobStatus, procs: Sequence[RankProcess]) -> tuple[RankTarget, ...]:
@@ -121,7 +131,7 @@ class CaptureScheduler:
             "mode": str(mode),
             "signature": ep.signature,
             "sightings": ep.sightings,
-            "job": jsonable(dataclasses.asdict(job)),
+            "job": job_document(job),
             "processes": [jsonable(dataclasses.asdict(p)) for p in procs],
             "gpus": [jsonable(dataclasses.asdict(g)) for g in gpus],
         }

@@ -239,7 +239,10 @@ def _findings(status: Mapping[str, Any]) -> str:
         value = doc.get(key) if isinstance(doc, dict) else None
         return value if isinstance(value, kind) else kind()
 
-    findings = member(member(member(dict(status), "job", dict), "evidence", dict), "findings", list)
+    job = member(dict(status), "job", dict)
+    # the evidence's JSON form holds them (docs/detector.md); bundles written before issue 28 kept
+    # them beside it, in job.findings
+    findings = member(member(job, "evidence", dict), "findings", list) or member(job, "findings", list)
     if not findings:
         return "<p class='sub'>No findings recorded in status.json.</p>"
     rows = []
