@@ -180,6 +180,12 @@ class ActionEngine:
     # ----------------------------------------------------------------------------------- public
 
     @property
+    def evidence_capture(self) -> CaptureScheduler:
+        """The capture rung: what its bundles are made with (``py_spy``, ``ras_address``,
+        ``timeout_s``, ``max_bundles``, ``retention_s``, ``state_dir``, ``node``)."""
+        return self._captures
+
+    @property
     def counters(self) -> dict[tuple[str, str], int]:
         """(action, result) -> count since start, alert deliveries included."""
         with self._lock:

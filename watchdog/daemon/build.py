@@ -155,6 +155,8 @@ def make_actions(d: Daemon, state_dir: Path) -> Any:
         state_dir=state_dir,
         node=d.node,
         generator_url=f"http://{d.config.daemon.listen}/status",
+        ras_address=(d.config.ras.host, d.config.ras.port),  # the bundle's RAS report: [ras]
+        py_spy=d.config.stacks.py_spy,  # the bundle's dumps: [stacks] py_spy ("auto" searches)
         max_bundles=d.config.evidence.max_bundles,
         evidence_retention_s=d.config.evidence.retention_days * 86400.0,
         clock=d.clock,

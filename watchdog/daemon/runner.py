@@ -9,11 +9,16 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpu_triage.daemon.config import ConfigError, load_config, override, resolve_config_path
+from gpu_triage.daemon.config import Config, ConfigError, load_config, override, resolve_config_path
 from gpu_triage.model.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from gpu_triage.daemon.loop import Daemon
 
 log = logging.getLogger("gpu_watchdog")
 
@@ -74,12 +79,35 @@ def raise_nofile(target: int = NOFILE_TARGET) -> tuple[int, int]:
     return soft, soft
 
 
+def build_daemon(
+    config: Config,
+    *,
+    config_path: Path | None = None,
+    overrides: dict[str, object] | None = None,
+    on_cycle: Callable[[Snapshot], None] | None = None,
+    sim_start_s: float | None = None,
+) -> Daemon:
+    """The daemon ``run`` starts, built from ``config``: the log lines (``daemon.log_level``,
+    ``log_format``), the telemetry source (``daemon.source``, ``nvml_deadline_s``), then the
+    :class:`~gpu_triage.daemon.loop.Daemon` (its parts from ``daemon/build.py``). Not started.
+    Raises ValueError (a malformed source) or TelemetryUnavailable (the source cannot start)."""
+    from gpu_triage.daemon.loop import Daemon
+    from gpu_triage.journal.logs import configure as configure_logging
+    from gpu_triage.telemetry.factory import make_source
+
+    configure_logging(config.daemon.log_level, config.daemon.log_format, stream=sys.stderr)
+    raise_nofile()
+    source = make_source(config.daemon.source, deadline_s=config.daemon.nvml_deadline_s, log=log)
+    if sim_start_s is not None and hasattr(source, "start_s"):
+        source.start_s = sim_start_s
+    return Daemon(config, source, config_path=config_path, on_cycle=on_cycle, overrides=dict(overrides or {}))
+
+
 def run_daemon(options: RunOptions) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; 0 after a clean stop, 2 on bad config."""
-    from gpu_triage.daemon.loop import Daemon, install_signal_handlers, summary_line
+    from gpu_triage.daemon.loop import install_signal_handlers, summary_line
     from gpu_triage.model.samples import TelemetryUnavailable
     from gpu_triage.serving.http_server import PortInUseError
-    from gpu_triage.telemetry.factory import make_source
 
     try:
         path = resolve_config_path(options.config)
@@ -90,17 +118,6 @@ def run_daemon(options: RunOptions) -> int:
     except ConfigError as e:
         print(f"gpu-watchdog run: {e}", file=sys.stderr)
         return 2
-    from gpu_triage.journal.logs import configure as configure_logging
-
-    configure_logging(config.daemon.log_level, config.daemon.log_format, stream=sys.stderr)
-    raise_nofile()
-    try:
-        source = make_source(config.daemon.source, deadline_s=config.daemon.nvml_deadline_s, log=log)
-    except (ValueError, TelemetryUnavailable) as e:
-        print(f"gpu-watchdog run: daemon.source = {config.daemon.source!r}: {e}", file=sys.stderr)
-        return 2
-    if options.sim_start_s is not None and hasattr(source, "start_s"):
-        source.start_s = options.sim_start_s
     last_print = [0.0]
 
     def print_summary(snap: Snapshot) -> None:
@@ -108,13 +125,18 @@ def run_daemon(options: RunOptions) -> int:
             last_print[0] = snap.time
             print(summary_line(snap), flush=True)
 
-    daemon = Daemon(
-        config,
-        source,
-        config_path=path,
-        on_cycle=print_summary if options.summary else None,
-        overrides=flags,
-    )
+    try:
+        daemon = build_daemon(
+            config,
+            config_path=path,
+            overrides=flags,
+            on_cycle=print_summary if options.summary else None,
+            sim_start_s=options.sim_start_s,
+        )
+    except (ValueError, TelemetryUnavailable) as e:
+        print(f"gpu-watchdog run: daemon.source = {config.daemon.source!r}: {e}", file=sys.stderr)
+        return 2
+    source = daemon.source
     try:
         daemon.start()
     except PortInUseError as e:
