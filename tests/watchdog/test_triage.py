@@ -376,3 +376,25 @@ def test_a_headerless_recording_points_at_the_columns_flag(capsys, tmp_path):
     assert code == 0 and doc["gpus"] == 2
     assert main(["triage", "--model", "H100", "--columns", "timestamp,72 W", str(path)]) == 2
     assert "--columns:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("inferred", [False, True])
+def test_a_recording_cut_mid_snapshot_drops_that_snapshot_with_a_warning(capsys, tmp_path, inferred):
+    """Issue 28 (4): a logger killed mid-snapshot (here: three rows of the last 8-GPU snapshot, then
+    half a line) - the real H100 recording cut the way it happens. The cut line and the incomplete
+    snapshot are dropped, each with a warning naming file and line; the rest is triaged (exit 0)."""
+    lines = (require_traces() / "h100-8gpu-ckpt100.csv").read_text().splitlines(keepends=True)
+    data = lines[1:]
+    assert len(data) % 8 == 0
+    keep = len(data) - 8 + 3  # three rows of the last snapshot survive
+    cut = tmp_path / "cut.csv"
+    cut.write_text("".join(lines[: 1 + keep]) + data[keep][: len(data[keep]) // 2])
+    first_dropped_line = 1 + (len(data) - 8) + 1  # the header is line 1
+    argv = ["--power-limit", "700", str(cut)] + ([] if inferred else ["--gpus", "8"])
+    code, doc = run_json(capsys, *argv)
+    assert code == 0, capsys.readouterr().err
+    assert doc["gpus"] == 8 and doc["samples"] == len(data) - 8
+    warnings = "\n".join(doc["warnings"])
+    assert f"{cut}:{first_dropped_line}: the last snapshot" in warnings, warnings
+    assert "3 of 8 rows" in warnings
+    assert f"{cut}:{first_dropped_line + 3}:" in warnings  # the half line (truncated-last-line rule)

@@ -28,7 +28,8 @@ Recordings are nvidia-smi CSV logs, e.g. from
   nvidia-smi --query-gpu=timestamp,index,name,power.draw,power.limit,utilization.gpu,memory.used \\
              --format=csv -lms 100 > run.csv
 Without an index column, rows are taken as complete snapshots in board order (pass --gpus if the count
-cannot be inferred; a --gpus that does not divide the rows is an error). A recording made with
+cannot be inferred; an incomplete last snapshot is dropped with a warning; a --gpus that contradicts
+the timestamps and does not divide the rows is an error). A recording made with
 --format=csv,noheader needs its field list:
   gpu-watchdog triage --columns timestamp,index,power.draw,utilization.gpu run.csv
 

@@ -52,7 +52,14 @@ from gpu_triage.recordings.errors import RecordingError, RecordingWarning
 from gpu_triage.recordings.gpu_assign import GpuAssignment, infer_gpus
 from gpu_triage.recordings.layout import KNOWN_FIELDS, NUMERIC_FIELDS, VALUE_FIELDS, read_header
 from gpu_triage.recordings.parse import Block, BlockParser
-from gpu_triage.recordings.values import Chunk, RecordingHeader, concat_chunks, empty_chunk, gpu_model_name
+from gpu_triage.recordings.values import (
+    Chunk,
+    RecordingHeader,
+    concat_chunks,
+    empty_chunk,
+    gpu_model_name,
+    slice_chunk,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -113,6 +120,8 @@ class NvsmiCsvReader:
         self.chunk_bytes = int(chunk_bytes)
         self.interval_s = float(interval_s)
         self.warnings: list[str] = []
+        self.dropped_rows = 0
+        """Rows of an incomplete last snapshot that :meth:`chunks` dropped (see there)."""
         self._gpus_arg = gpus
         self._size = self.path.stat().st_size
         found = read_header(self.path, columns)
@@ -192,13 +201,21 @@ class NvsmiCsvReader:
     # ------------------------------------------------------------------ public
     def chunks(self, progress: Callable[[int], None] | None = None) -> Iterator[Chunk]:
         """Yield the recording as chunks of about ``chunk_bytes``; ``progress(end_offset)`` is called
-        after each (the file size is ``header.size_bytes``). Raises :class:`RecordingError`."""
+        after each (the file size is ``header.size_bytes``). Raises :class:`RecordingError`.
+
+        Where rows are GPUs by their position in the snapshot (no index or uuid column), an incomplete
+        last snapshot - a logger killed mid-snapshot - is dropped with a warning naming its first line
+        (:attr:`dropped_rows` counts its rows): its rows would otherwise end some GPUs' series one
+        sample later than the others'."""
         gpus = self.header.gpus
+        positional = self._layout.index is None and self._gpu.labels is None and gpus > 1
         position = 0
+        held: list[tuple[Chunk, int]] = []  # positional: the last gpus - 1 rows, until the end is known
+        held_rows = 0
         for block, end_offset in self._blocks(self.chunk_bytes, extra=False):
             n = len(block)
             if n == 0:
-                if progress is not None:
+                if progress is not None and not held:
                     progress(end_offset)
                 continue
             gpu = self._gpu.assign(block, position)
@@ -211,7 +228,33 @@ class NvsmiCsvReader:
             absent = np.full(n, np.nan)
             absent.flags.writeable = False
             arrays = {attribute: block.values.get(attribute, absent) for attribute in VALUE_FIELDS}
-            yield Chunk(gpu=gpu, time_s=time_s, line=block.line, end_offset=end_offset, **arrays)
+            chunk = Chunk(gpu=gpu, time_s=time_s, line=block.line, end_offset=end_offset, **arrays)
+            if not positional:
+                yield chunk
+                if progress is not None:
+                    progress(end_offset)
+                continue
+            held.append((chunk, end_offset))
+            held_rows += n
+            while held_rows - len(held[0][0]) >= gpus - 1:
+                first, first_end = held.pop(0)
+                held_rows -= len(first)
+                yield first
+                if progress is not None:
+                    progress(first_end)
+        cut = position % gpus if held else 0
+        if cut:
+            self.dropped_rows = cut
+            tail = concat_chunks([c for c, _ in held])
+            keep = len(tail) - cut
+            self._warn(
+                f"{self.path}:{int(tail.line[keep])}: the last snapshot has {cut} of {gpus} rows (the "
+                f"logger stopped mid-snapshot): dropped"
+            )
+            held = [(slice_chunk(tail, keep), held[-1][1])]
+        for chunk, end_offset in held:
+            if len(chunk):
+                yield chunk
             if progress is not None:
                 progress(end_offset)
 

@@ -74,6 +74,12 @@ def empty_chunk(end_offset: int = 0) -> Chunk:
     return Chunk(**arrays, end_offset=end_offset)
 
 
+def slice_chunk(chunk: Chunk, rows: int) -> Chunk:
+    """The first ``rows`` rows of ``chunk`` (same ``end_offset``)."""
+    arrays = {name: getattr(chunk, name)[:rows] for name in _ARRAY_FIELDS}
+    return Chunk(**arrays, end_offset=chunk.end_offset)
+
+
 def concat_chunks(chunks: Sequence[Chunk]) -> Chunk:
     """All rows of ``chunks`` as one chunk (``end_offset`` of the last)."""
     if not chunks:

@@ -260,7 +260,7 @@ def triage_file(
 
     if t0 is None:
         raise RecordingError(path, 1, 1, "the recording has no samples")
-    _check_snapshots(path, header, total, opts.columns)
+    _check_snapshots(path, header, total + reader.dropped_rows, opts.columns)
     end_s = max((tr.last_t for tr in tracks if tr.last_t is not None), default=0.0)
     states_s = {str(s): 0.0 for s in GPU_STATES}
     per_gpu: list[dict[str, float]] = []
@@ -343,18 +343,21 @@ def triage_file(
 
 def _check_snapshots(path: str, header: RecordingHeader, rows: int, columns: tuple[str, ...] | None) -> None:
     """Without an index (or uuid) column a row's GPU is its position in the snapshot, so a caller's
-    --gpus must divide the rows: otherwise every "GPU" would be a mix of real ones."""
+    --gpus must divide the rows: otherwise every "GPU" would be a mix of real ones. Rows that divide
+    but for the last snapshot are a logger stopped mid-snapshot (the reader dropped that snapshot with
+    a warning) unless the first rows suggest another GPU count: then --gpus is wrong."""
     gpus = header.gpus
     positional = not header.has_index and not {"uuid", "pci.bus_id"} & set(header.columns)
     if header.gpus_from != "caller" or not positional or gpus <= 1 or rows % gpus == 0:
         return
     try:
-        hint = f" (its timestamps or readings suggest {_reader(path, None, 1 << 20, columns).header.gpus})"
+        suggested: int | None = _reader(path, None, 1 << 20, columns).header.gpus
     except (RecordingError, TriageInputError):
-        hint = ""
+        suggested = None
+    if suggested is None or suggested == gpus:
+        return
     raise TriageInputError(
         f"{path}: --gpus {gpus} does not divide its {rows:,} data rows ({rows:,} = {gpus} x "
         f"{rows // gpus:,} + {rows % gpus}): without an index column every snapshot is one row per GPU, so "
-        f"the recording has another GPU count{hint}, or its last snapshot was cut short (then remove "
-        f"its last {rows % gpus} row(s))"
+        f"the recording has another GPU count (its timestamps or readings suggest {suggested})"
     )
