@@ -165,6 +165,7 @@ def test_status_has_every_contract_field(client: TestClient) -> None:
         "pid": 10_002,
         "gpu": 2,
         "step": 1200,
+        "step_since": None,
         "phase": "train",
         "lease_until": None,
         "alive": True,

@@ -139,11 +139,12 @@ def test_the_figure_places_every_band_mark_and_rank_where_the_events_say(power: 
         "resolve": [33.5] * panels,
         "job_gone": [35.0] * panels,
     }
-    # steps per rank: the polled values, frozen from the onset
+    # steps per rank: each polled step from the poll that saw it (these documents say no step_since),
+    # frozen from the onset to the last poll
     for rank in (0, 1):
         steps = lines[f"steps:{rank}"]
-        assert list(steps.get_xdata()) == [float(t) for t in range(36)]
-        assert list(steps.get_ydata())[-1] == 3
+        assert list(steps.get_xdata()) == [0.0, 2.0, 4.0, 6.0, 35.0]
+        assert list(steps.get_ydata()) == [0, 1, 2, 3, 3]
     assert ("power:0" in lines) is power
     if power:
         assert list(lines["power:1"].get_ydata())[:7] == [610.0] * 6 + [140.0]
@@ -170,3 +171,48 @@ def test_the_png_is_written_and_shows_the_bands(tmp_path: Path) -> None:
 def test_an_empty_timeline_still_draws(tmp_path: Path) -> None:
     out = plot_timeline(build_timeline(JOB, [], []), tmp_path / "empty.png")
     assert out.stat().st_size > 5_000
+
+
+def test_the_onset_mark_sits_on_rank_0s_last_step_drawn_from_real_status_documents() -> None:
+    """Issue 28 (7): the onset mark and the step curve it annotates are on one clock. The detector sees
+    steps taken between two polls (here at 100.3 s, polled every second): /status carries when each
+    step was taken, the curve is drawn there, and "onset (last step)" sits on rank 0's last step - not
+    on the step the poll saw 0.4 s later."""
+    from gpu_triage.model.snapshot import Snapshot
+    from gpu_triage.model.states import Mode
+    from gpu_triage.serving.api import status_document
+    from gpu_triage.verdicts.detector import Detector, GpuView, JobView
+    from tests.watchdog.test_detector import SPIN, C, ranks_view
+
+    det, docs, events, verdict = Detector(), [], [], "healthy"
+    for t in range(0, 141):
+        now = T0 + t + 0.7  # polled every second, 0.4 s after each step
+        step = min(t // 10, 10)  # a step every 10 s, taken at 10 k + 0.3 s; the last at 100.3 s
+        views = [GpuView(g, C, T0) if t <= 100 else GpuView(g, SPIN, T0 + 101.0) for g in range(4)]
+        ranks = ranks_view(4, step=step, changed=T0 + 10.0 * step + 0.3)
+        (job,) = det.update(now, views, [JobView(JOB, ranks, True, 4, "job")])
+        snap = Snapshot(
+            node="n",
+            source="none",
+            mode=Mode.OBSERVE,
+            armed=False,
+            cycle=t,
+            time=now,
+            period_s=1.0,
+            jobs=(job,),
+        )
+        docs.append(status_document(snap))
+        if str(job.verdict) != verdict:
+            change = {"from": verdict, "to": str(job.verdict), "onset": job.onset}
+            events.append(event(len(events) + 1, now - T0, "verdict", change))
+            verdict = str(job.verdict)
+    assert verdict in ("deadlock_suspected", "deadlock_confirmed"), verdict
+    timeline = build_timeline(JOB, [status_point(d, JOB) for d in docs], events)
+    (onset,) = [m for m in timeline.marks if m.kind == "onset"]
+    assert onset.time_s == pytest.approx(T0 + 100.3)
+    fig = timeline_figure(timeline)
+    (curve,) = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "steps:0"]
+    (mark,) = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "mark:onset:steps"]
+    xs, ys = np.asarray(curve.get_xdata(), float), np.asarray(curve.get_ydata(), float)
+    last_step_x = xs[int(np.argmax(ys == ys.max()))]
+    assert last_step_x == pytest.approx(float(mark.get_xdata()[0]), abs=0.05), (last_step_x, mark.get_xdata())

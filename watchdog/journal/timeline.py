@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +66,8 @@ class StatusPoint:
     steps: Mapping[int, int]
     power_w: Mapping[int, float]
     verdict: str | None
+    step_since: Mapping[int, float] = field(default_factory=dict)
+    """Per rank, when it took its step (``/status``'s ``step_since``: the clock of the onset mark)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,7 @@ def status_point(doc: Mapping[str, Any], job: str, time_s: float | None = None) 
         return None
     jobs = [j for j in doc.get("jobs") or [] if isinstance(j, dict) and j.get("job") == job]
     steps: dict[int, int] = {}
+    step_since: dict[int, float] = {}
     gpus_of_job: set[int] = set()
     verdict = None
     for j in jobs[:1]:
@@ -115,6 +118,9 @@ def status_point(doc: Mapping[str, Any], job: str, time_s: float | None = None) 
                 continue
             if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool):
                 steps[r["rank"]] = r["step"]
+                since = finite_number(r.get("step_since"))
+                if since is not None:
+                    step_since[r["rank"]] = min(since, t)
             if isinstance(r.get("gpu"), int):
                 gpus_of_job.add(r["gpu"])
     power: dict[int, float] = {}
@@ -124,7 +130,7 @@ def status_point(doc: Mapping[str, Any], job: str, time_s: float | None = None) 
         watts = finite_number(g.get("power_w"))
         if watts is not None and (not gpus_of_job or g["gpu"] in gpus_of_job):
             power[g["gpu"]] = watts
-    return StatusPoint(t, steps, power, verdict)
+    return StatusPoint(t, steps, power, verdict, step_since)
 
 
 def _payload(event: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -187,6 +193,25 @@ def build_timeline(
     return Timeline(job, pts, tuple(spans), tuple(marks), start, max(end, start))
 
 
+def step_curve(tl: Timeline, rank: int) -> tuple[list[float], list[int]]:
+    """Rank ``rank``'s steps as (epoch times, steps) for a step plot: each step drawn from when the rank
+    took it (``step_since``, the onset's clock; else the poll that saw it), held until the last poll."""
+    xs: list[float] = []
+    ys: list[int] = []
+    seen = [p for p in tl.points if rank in p.steps]
+    for p in seen:
+        step = p.steps[rank]
+        if ys and step == ys[-1]:
+            continue
+        x = max(p.step_since.get(rank, p.time_s), tl.start_s, xs[-1] if xs else tl.start_s)
+        xs.append(x)
+        ys.append(step)
+    if seen and xs and seen[-1].time_s > xs[-1]:
+        xs.append(seen[-1].time_s)
+        ys.append(ys[-1])
+    return xs, ys
+
+
 def timeline_figure(tl: Timeline, *, title: str | None = None) -> Figure:
     """The picture (x: seconds from the timeline's start). Panels: power per GPU (only with
     telemetry), steps per rank, the verdict band; marks as vertical lines through every panel."""
@@ -217,9 +242,8 @@ def timeline_figure(tl: Timeline, *, title: str | None = None) -> Figure:
     ax = by_name["steps"]
     ranks = sorted({r for p in tl.points for r in p.steps})
     for r in ranks:
-        xs = [rel(p.time_s) for p in tl.points if r in p.steps]
-        ys = [p.steps[r] for p in tl.points if r in p.steps]
-        ax.step(xs, ys, where="post", lw=1.4, label=f"rank {r}", gid=f"steps:{r}")
+        xs, ys = step_curve(tl, r)
+        ax.step([rel(x) for x in xs], ys, where="post", lw=1.4, label=f"rank {r}", gid=f"steps:{r}")
     ax.set_ylabel("optimizer step")
     if ranks and len(ranks) <= 16:
         ax.legend(loc="lower right", fontsize=7, ncol=min(8, len(ranks)))

@@ -50,6 +50,10 @@ class RankStatus:
     alive: bool | None
     process_status: str | None
     """psutil status ('running', 'sleeping', 'disk-sleep' = D-state...)."""
+    step_since: float | None = None
+    """When the rank took ``step`` (the progress file's ``step_time`` on the daemon's timeline, else when
+    the daemon first saw it): the clock of the verdict's onset, so a picture of the steps and the onset
+    agree (issue 28)."""
     pod: Any = None
     """The Kubernetes pod the rank runs in (:class:`gpu_triage.signals.pods.PodRef`), None outside one."""
 

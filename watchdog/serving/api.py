@@ -81,7 +81,7 @@ GPU_FIELDS = (
     "read_errors_total",
 )
 JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause")
-RANK_FIELDS = ("rank", "pid", "gpu", "step", "phase", "lease_until", "alive", "process_status")
+RANK_FIELDS = ("rank", "pid", "gpu", "step", "step_since", "phase", "lease_until", "alive", "process_status")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -151,6 +151,10 @@ class RankDoc(_Doc):
     pid: int | None
     gpu: int | None
     step: int | None
+    step_since: float | None = Field(
+        default=None,
+        description="When the rank took its step (epoch seconds, the clock of the job's onset)",
+    )
     phase: str | None
     lease_until: float | None = Field(description="End of the rank's phase lease (epoch seconds)")
     alive: bool | None

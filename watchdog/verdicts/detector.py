@@ -203,6 +203,7 @@ def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:
             lease_until=r.lease_until,
             alive=r.alive,
             process_status=r.status,
+            step_since=r.step_changed_at,
         )
         for r in job.ranks
     )
