@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ft_trainer.planning.presets import PRESETS, ModelSpec, from_hf_config
-from gpu_triage.model.config_schema import MISSING, Problem, Reader, SchemaError, derived, setting, show
+from gpu_triage.model.config_schema import (
+    MISSING,
+    Problem,
+    Reader,
+    SchemaError,
+    derived,
+    setting,
+    show,
+    toml_syntax_problem,
+)
 
 if TYPE_CHECKING:
     from ft_trainer.planning.plan import PackingParams
@@ -215,8 +224,10 @@ def load_config(path: str | Path) -> JobConfig:
     try:
         text = raw_bytes.decode("utf-8")
         doc = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(p, "", message=f"TOML syntax error: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(p, "", message=f"not UTF-8 text: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:  # file:line:, as every other problem (issue 28)
+        raise ConfigError.of([toml_syntax_problem(str(p), exc, "TOML syntax error")]) from None
     return parse_config(doc, p, text)
 
 

@@ -23,6 +23,7 @@ from gpu_triage.classify.power_table import (
     PowerTable,
     TableError,
 )
+from gpu_triage.model.config_schema import toml_syntax_problem
 from gpu_triage.model.states import GpuState
 
 _BOX_KEYS = {"power_min", "power_max", "util_min", "util_max"}
@@ -171,7 +172,7 @@ def load_table_file(path: str | Path) -> PowerTable:
     except UnicodeDecodeError as e:
         raise TableError(f"{path}: not UTF-8 text: {e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise TableError(f"{path}: {e}") from None
+        raise TableError(str(toml_syntax_problem(str(path), e))) from None
     except RecursionError:
         raise TableError(f"{path}: nested too deeply") from None
     return parse_table(data, str(path))

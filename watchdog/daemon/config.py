@@ -68,7 +68,7 @@ from gpu_triage.model.config_checks import (
     source_spec,
     takes_text,
 )
-from gpu_triage.model.config_schema import MISSING, SCHEMA, Reader, Rule, setting
+from gpu_triage.model.config_schema import MISSING, SCHEMA, Reader, Rule, setting, toml_syntax_problem
 from gpu_triage.model.limits import MAX_CONFIG_BYTES, InputTooLarge, read_regular_file
 from gpu_triage.serving.config import AuthConfig
 from gpu_triage.signals.fleet.config import ClusterConfig
@@ -212,7 +212,7 @@ def _read_file(path: Path) -> tuple[str, dict[str, Any]]:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError([f"{path}: cannot read: {e}"]) from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError([f"{path}: invalid TOML: {e}"]) from None
+        raise ConfigError([str(toml_syntax_problem(str(path), e))]) from None
     except RecursionError:
         raise ConfigError([f"{path}: invalid TOML: nested too deeply"]) from None
 

@@ -177,6 +177,20 @@ class SchemaError(ValueError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
+_TOML_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+
+
+def toml_syntax_problem(origin: str, error: ValueError, what: str = "invalid TOML") -> Problem:
+    """A ``tomllib.TOMLDecodeError`` in the ``file:line:`` form of every other problem: tomllib's
+    trailing "(at line L, column C)" becomes the line, and "(column C)" stays in the message."""
+    text = str(error)
+    found = _TOML_AT.search(text)
+    if found is None:
+        return Problem(origin, None, "", f"{what}: {text}")
+    message = f"{text[: found.start()]} (column {found.group(2)})"
+    return Problem(origin, int(found.group(1)), "", f"{what}: {message}")
+
+
 # ------------------------------------------------------------------------------------- line locator
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]#]+?)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(
