@@ -364,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except ModuleNotFoundError as e:  # the base (client-only) wheel: say which extra, exit 2
-        from gpu_triage.cli.extras import missing_extra_hint
+        from gpu_triage.cli.extras import missing_extra_hint, trainer_command_extra
 
-        hint = missing_extra_hint("ft-trainer", args.command, e, "trainer")
+        hint = missing_extra_hint("ft-trainer", args.command, e, trainer_command_extra(args.command))
         if hint is None:
             raise
         print(hint, file=sys.stderr)

@@ -294,7 +294,16 @@ def _main(argv: list[str] | None = None) -> int:
     prep.add_argument("dir", type=Path)
     prep.add_argument("--imbalanced", action="store_true", help="one long document: unequal per-rank counts")
     a = p.parse_args(argv)
-    data = prepare_tiny_data(a.dir, imbalanced=a.imbalanced)
+    try:
+        data = prepare_tiny_data(a.dir, imbalanced=a.imbalanced)
+    except ModuleNotFoundError as e:  # after `make run` alone: no tokenizers/torch; say so, exit 2
+        from gpu_triage.cli.extras import checkout_extra_hint
+
+        hint = checkout_extra_hint(p.prog, f"{p.prog} {a.cmd}", e, "trainer")
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        return 2
     print(f"tokenizer: {data.tokenizer_dir}\ncache:     {data.cache_dir}")
     return 0
 
