@@ -448,3 +448,23 @@ def test_silences_survive_a_daemon_restart(tmp_path: Path):
         assert second.control.list_silences(now + 3601) == []  # expiry is kept too
     finally:
         second.close()
+
+
+def test_make_run_on_a_port_in_use_exits_2_before_its_banner(tmp_path: Path):
+    """Issue 28 (5): `make run` (demo-run) whose port another program holds exits 2 naming the port,
+    and prints no banner: its URLs would point at whatever owns the port. Nothing is launched."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        r = subprocess.run(
+            [*GPU_WATCHDOG, "demo-run", "--state-dir", str(tmp_path / "state"), "--port", str(port)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert r.returncode == 2, r.stderr
+    assert f"127.0.0.1:{port} is in use" in r.stderr
+    assert f"127.0.0.1:{port}/status" not in r.stdout and "Ctrl-C" not in r.stdout, r.stdout
+    assert not list((tmp_path / "state" / "progress").glob("*/rank-*.json"))  # no simulated job ran

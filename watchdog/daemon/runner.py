@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +38,9 @@ class RunOptions:
     """Print a one-line state summary every second."""
     sim_start_s: float | None = None
     """Epoch second at which a ``sim`` source's scenario starts (the demo starts it mid-timeline)."""
+    on_started: Callable[[], None] | None = field(default=None, compare=False)
+    """Called once the daemon listens, before its first cycle (``make run`` prints its banner and
+    starts its simulated job there, so a port in use exits 2 before either)."""
 
     def overrides(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -148,6 +151,12 @@ def run_daemon(options: RunOptions) -> int:
         source.close()
         return 2
     install_signal_handlers(daemon)
+    if options.on_started is not None:
+        try:
+            options.on_started()
+        except BaseException:
+            daemon.close()
+            raise
     log.info(
         "gpu-watchdog listening on %s (source %s, mode %s, state %s)",
         daemon.url,

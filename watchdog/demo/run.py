@@ -34,7 +34,7 @@ def main(*, state_dir: str, port: int, sim_skip_s: float = 0.0) -> int:
     state = Path(state_dir).resolve()
     progress = state / "progress"
     progress.mkdir(parents=True, exist_ok=True)
-    job = None
+    job: subprocess.Popen[bytes] | None = None
     options = RunOptions(
         listen=f"127.0.0.1:{port}",
         state_dir=state / "daemon",
@@ -54,8 +54,16 @@ def main(*, state_dir: str, port: int, sim_skip_s: float = 0.0) -> int:
         )
         for stale in progress.glob("*/rank-*.json"):
             stale.unlink()
-        job = simjob.start(progress, start, scratch_dir=state / "scratch")
-    print(BANNER.format(mode_line=mode_line, port=port, state=state), flush=True)
+
+    def started() -> None:
+        """The daemon listens on ``port``: now the banner and its URLs (a port in use has exited 2
+        before, naming it), then the simulated job."""
+        nonlocal job
+        print(BANNER.format(mode_line=mode_line, port=port, state=state), flush=True)
+        if options.source == "sim":
+            job = simjob.start(progress, start, scratch_dir=state / "scratch")
+
+    options = replace(options, on_started=started)
     try:
         return run_daemon(options)
     finally:
