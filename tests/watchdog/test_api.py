@@ -692,3 +692,18 @@ def test_docs_work_offline_and_point_to_the_openapi_document(client: TestClient)
     for path in ("/status", "/healthz", "/metrics", "/arm"):
         assert path in spec["paths"] and f"<code>{path}</code>" in body
     assert client.get("/redoc").status_code == 404
+
+
+def test_docs_and_the_openapi_document_show_no_restructuredtext_markup(client: TestClient) -> None:
+    """Issue 28 (5): the descriptions come from docstrings written in reStructuredText (``literal``,
+    :class:`Name`); /docs and /openapi.json show them readable - literals as code, roles as their
+    name - never the raw markup."""
+    import json
+    import re
+
+    raw = re.compile(r"``|:(?:class|func|mod|meth|attr|data|exc|obj):`")
+    spec_text = json.dumps(client.get("/openapi.json").json())
+    assert not raw.findall(spec_text), raw.findall(spec_text)[:5]
+    body = client.get("/docs").text
+    assert not raw.findall(body), [body[m.start() - 40 : m.end() + 40] for m in raw.finditer(body)][:3]
+    assert "Switch to <code>alert</code> or <code>kill</code> mode" in body  # POST /arm's docstring

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hmac
 import html
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -464,6 +465,47 @@ def set_token(app: FastAPI, token: str | None) -> None:
     app.state.auth = _Auth(token)
 
 
+_REST_ROLE = re.compile(r":(?:[a-z]+:)+`([^`]+)`")
+_REST_LITERAL = re.compile(r"``([^`]+)``")
+_MD_CODE = re.compile(r"`([^`]+)`")
+
+
+def _role_text(found: re.Match[str]) -> str:
+    inner = found.group(1).strip()
+    if inner.endswith(">") and "<" in inner:  # :ref:`title <target>`
+        return inner[: inner.index("<")].strip()
+    name = inner[1:].rsplit(".", 1)[-1] if inner.startswith("~") else inner
+    return f"`{name}`"
+
+
+def readable_text(text: str) -> str:
+    """A docstring's reStructuredText markup as the Markdown OpenAPI descriptions are read in:
+    ``literal`` -> `literal`, :class:`~pkg.mod.Name` -> `Name`, :func:`pkg.f` -> `pkg.f`,
+    :ref:`title <target>` -> title, a paragraph's closing ``::`` -> ``:``."""
+    text = _REST_ROLE.sub(_role_text, text)
+    text = _REST_LITERAL.sub(r"`\1`", text)
+    return re.sub(r"::(\s*(?:\n|$))", r":\1", text)
+
+
+def _code(escaped: str) -> str:
+    """Markdown code spans of already escaped text as ``<code>`` elements."""
+    return _MD_CODE.sub(r"<code>\1</code>", escaped)
+
+
+def readable_descriptions(node: Any) -> Any:
+    """Every ``description`` string of an OpenAPI document through :func:`readable_text`, in place."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "description" and isinstance(value, str):
+                node[key] = readable_text(value)
+            else:
+                readable_descriptions(value)
+    elif isinstance(node, list):
+        for item in node:
+            readable_descriptions(item)
+    return node
+
+
 def offline_docs_html(spec: Mapping[str, Any]) -> str:
     """``/docs``: every endpoint of the OpenAPI document with its summary, as one HTML page that loads
     nothing from anywhere (no script, no stylesheet, no CDN), and a link to ``/openapi.json`` for an
@@ -478,7 +520,7 @@ def offline_docs_html(spec: Mapping[str, Any]) -> str:
             secured = " (bearer token)" if op.get("security") else ""
             rows.append(
                 f"<tr><td><code>{esc(method.upper())}</code></td><td><code>{esc(path)}</code></td>"
-                f"<td>{esc(summary)}{esc(secured)}<br><small>{esc(doc)}</small></td></tr>"
+                f"<td>{esc(summary)}{esc(secured)}<br><small>{_code(esc(doc))}</small></td></tr>"
             )
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
@@ -531,6 +573,16 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
+
+    generated_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document with the docstrings' reStructuredText made readable (generated once)."""
+        first = app.openapi_schema is None
+        spec = generated_openapi()
+        return readable_descriptions(spec) if first else spec
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/docs", include_in_schema=False)
     def docs_page() -> HTMLResponse:
