@@ -242,8 +242,8 @@ def timeline_figure(tl: Timeline, *, title: str | None = None) -> Figure:
     ax = by_name["steps"]
     ranks = sorted({r for p in tl.points for r in p.steps})
     for r in ranks:
-        xs, ys = step_curve(tl, r)
-        ax.step([rel(x) for x in xs], ys, where="post", lw=1.4, label=f"rank {r}", gid=f"steps:{r}")
+        times, steps = step_curve(tl, r)
+        ax.step([rel(x) for x in times], steps, where="post", lw=1.4, label=f"rank {r}", gid=f"steps:{r}")
     ax.set_ylabel("optimizer step")
     if ranks and len(ranks) <= 16:
         ax.legend(loc="lower right", fontsize=7, ncol=min(8, len(ranks)))
