@@ -153,8 +153,8 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
         "auth.token_file_optional": ("false", []),
         "actions.mode": (
             '"kill"',
-            [(lambda b: b.daemon.mode.value, "kill"), (lambda b: b.engine.actions.mode.value, "kill")],
-        ),
+            [(lambda b: b.daemon.mode.value, "kill")],
+        ),  # the engine gets it each cycle
         "actions.capture_timeout_s": ("45.0", [(lambda b: cap(b).timeout_s, 45.0)]),
         "alerts.runbook_url": (
             '"https://runbooks.test/guide"',
@@ -337,6 +337,17 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     root.setLevel(level)
 
 
+def observe(built: Built, probes: list[tuple[Probe, Any]]) -> list[Any]:
+    """What each probe finds (a probe that raises: its error, so one failure never hides the others)."""
+    out = []
+    for probe, _ in probes:
+        try:
+            out.append(probe(built))
+        except Exception as e:
+            out.append(f"{type(e).__name__}: {e}")
+    return out
+
+
 def build_and_probe(
     config_path: Path | None, env: dict[str, str], files: dict[str, Path], table: Any
 ) -> tuple[list[str], Built]:
@@ -347,11 +358,7 @@ def build_and_probe(
     wrong = []
     try:
         for key, (value, probes) in table.items():
-            for probe, want in probes:
-                try:
-                    got = probe(built)
-                except Exception as e:  # one probe's failure never hides the others
-                    got = f"{type(e).__name__}: {e}"
+            for got, (_, want) in zip(observe(built, probes), probes, strict=True):
                 if got != want:
                     wrong.append(f"{key} = {value}: its consumer holds {got!r}, not {want!r}")
         if config_path is not None:
@@ -424,3 +431,67 @@ def test_the_documented_client_variables_reach_the_progress_writer(tmp_path: Pat
     writer.flush()
     record = json.loads((tmp_path / "p" / "job-from-env" / "rank-3.json").read_text())
     assert (record["job"], record["rank"], record["step"]) == ("job-from-env", 3, 7)
+
+
+def test_on_reload_every_key_reaches_its_consumer_or_says_it_needs_a_restart(
+    tmp_path: Path, nvml: None
+) -> None:
+    """SIGHUP (``Daemon.reload``) with every key changed: each one either reaches its consumer, or the
+    daemon logs that it needs a restart and keeps running with the old value - never silently ignored.
+    The keys that need a restart are the ones docs/operator-guide.md names."""
+    files = prepare(tmp_path)
+    port = free_port()
+    release_port(port)
+    table = cases(tmp_path, port)
+    path = tmp_path / "config.toml"
+    keep = {k: table[k] for k in ("daemon.listen", "daemon.state_dir", "progress.dir")}
+    path.write_text(toml_file(keep))
+    config = load_config(path, {})
+    daemon = build_daemon(config, config_path=path)
+    daemon.start()
+    built = Built(daemon, files)
+    before = {key: observe(built, probes) for key, (_, probes) in table.items()}
+    extra = SINKS_TOML.format(
+        key=json.dumps(str(files["routing_key"])), slack=json.dumps(str(files["slack_url"]))
+    )
+    path.write_text(toml_file(table, extra))
+    records: list[logging.LogRecord] = []
+    catcher = logging.Handler(logging.WARNING)  # on the daemon's logger: the reload reconfigures the root's
+    catcher.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("gpu_watchdog").addHandler(catcher)
+    try:
+        daemon.reload()
+        said = {
+            m.group(1)
+            for r in records
+            for m in [re.match(r"(\S+) changed: takes effect after a restart", r.getMessage())]
+            if m
+        }
+        silent, live, restart = [], set(), set()
+        for key, (value, probes) in table.items():
+            if not probes:
+                continue
+            got = observe(built, probes)
+            if all(g == want for g, (_, want) in zip(got, probes, strict=True)):
+                live.add(key)
+            elif key in said and got == before[key]:
+                restart.add(key)
+            elif got != before[key] or key not in keep:
+                silent.append(f"{key} = {value}: the running daemon holds {got!r}, and nothing said so")
+        assert not silent, "\n".join(silent)
+    finally:
+        logging.getLogger("gpu_watchdog").removeHandler(catcher)
+        daemon.close()
+    guide = (ROOT / "docs" / "operator-guide.md").read_text()
+    at = guide.index("`systemctl reload gpu-watchdog` (SIGHUP)")
+    reload_text = guide[at : guide.index("\n\n", at)]
+    restart_part = reload_text[reload_text.index("needs a restart") :]
+    for key in restart:
+        section, _, name = key.partition(".")
+        assert (
+            f"`[{section}]`" in restart_part or f"`{key}`" in restart_part or f"`{name}`" in restart_part
+        ), key
+    for key in live:
+        section, _, name = key.partition(".")
+        assert f"`[{section}]`" in reload_text or f"`{key}`" in reload_text or f"`{name}`" in reload_text, key
+    print(f"\nreload: {len(live)} keys applied live, {len(restart)} logged as needing a restart")

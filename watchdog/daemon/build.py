@@ -163,6 +163,15 @@ def make_actions(d: Daemon, state_dir: Path) -> Any:
     )
 
 
+def retarget_captures(actions: Any, config: Config) -> None:
+    """A reload's ``[ras]`` host and port and ``[stacks] py_spy`` for the evidence bundles to come."""
+    from gpu_triage.actions.evidence import find_py_spy
+
+    capture = actions.evidence_capture
+    capture.ras_address = (config.ras.host, config.ras.port)
+    capture.py_spy = find_py_spy() if config.stacks.py_spy == "auto" else config.stacks.py_spy
+
+
 def start_http(d: Daemon) -> None:
     """The REST API and /metrics on ``daemon.listen``, serving the daemon's published snapshots."""
     from gpu_triage.serving.api import create_app

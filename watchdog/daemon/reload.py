@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from dataclasses import replace
+import sys
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING
 
 from gpu_triage.daemon.build import (
@@ -15,9 +16,19 @@ from gpu_triage.daemon.build import (
     make_ras,
     make_reader,
     make_sampler,
+    retarget_captures,
     validate_classifier,
 )
-from gpu_triage.daemon.config import load_config, load_token, missing_token_note, override, token_file_absent
+from gpu_triage.daemon.config import (
+    ActionsConfig,
+    Config,
+    load_config,
+    load_token,
+    missing_token_note,
+    override,
+    token_file_absent,
+)
+from gpu_triage.journal.logs import configure as configure_logging
 
 if TYPE_CHECKING:
     from gpu_triage.daemon.loop import Daemon
@@ -25,10 +36,39 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpu_watchdog")
 
 
+#: What a reload cannot apply (the parts built from it at start keep their values): section -> keys
+#: (None: every key). A change to one is logged as needing a restart, and the running value is kept.
+RESTART_ONLY: dict[str, tuple[str, ...] | None] = {
+    "daemon": ("node", "source", "listen", "allowed_hosts", "state_dir", "nvml_deadline_s"),
+    "classifier": None,
+    "events": None,
+    "evidence": None,
+    "actions": tuple(f.name for f in fields(ActionsConfig) if f.name != "mode"),
+    "alerts": None,
+}
+
+
+def keep_restart_only(running: Config, new: Config) -> Config:
+    """``new`` with the running value of every key in :data:`RESTART_ONLY`, each change logged."""
+    sections = {}
+    for section, names in RESTART_ONLY.items():
+        old_part, new_part = getattr(running, section), getattr(new, section)
+        kept = {}
+        for f in fields(old_part):
+            if names is not None and f.name not in names:
+                continue
+            if getattr(new_part, f.name) != getattr(old_part, f.name):
+                log.warning("%s.%s changed: takes effect after a restart", section, f.name)
+                kept[f.name] = getattr(old_part, f.name)
+        if kept:
+            sections[section] = replace(new_part, **kept)
+    return replace(new, **sections) if sections else new
+
+
 def reload(d: Daemon) -> None:
-    """Re-read the config file; apply what can change live (mode, detector, classifier dwell,
-    progress dir, stacks, RAS, cluster, the token); listen address, state dir and source need a
-    restart (logged). A config that does not load keeps the running one."""
+    """Re-read the config file; apply what can change live (mode, detector, progress, stacks, RAS,
+    cluster, the cycle periods, log lines, the token); what :data:`RESTART_ONLY` names needs a restart
+    (each change logged, the running value kept). A config that does not load keeps the running one."""
     d.notifier.reloading()
     try:
         new = load_config(d.config_path, os.environ)
@@ -41,24 +81,20 @@ def reload(d: Daemon) -> None:
         d._event("daemon", {"event": "reload_failed", "error": str(e)})
         d.notifier.ready("reload failed; running configuration kept")
         return
-    for key in ("listen", "state_dir", "source"):
-        if getattr(new.daemon, key) != getattr(d.config.daemon, key):
-            log.warning("daemon.%s changed: takes effect after a restart", key)
-    new = replace(
-        new,
-        daemon=replace(
-            new.daemon,
-            listen=d.config.daemon.listen,
-            state_dir=d.config.daemon.state_dir,
-            source=d.config.daemon.source,
-        ),
-    )
+    new = keep_restart_only(d.config, new)
+    if (new.daemon.log_level, new.daemon.log_format) != (
+        d.config.daemon.log_level,
+        d.config.daemon.log_format,
+    ):
+        configure_logging(new.daemon.log_level, new.daemon.log_format, stream=sys.stderr)
     d.detector.config = detector_settings(new)
     if new.stacks != d.config.stacks:
         d.stacks.close()
         d.stacks = make_sampler(new, d.clock)
     if new.ras != d.config.ras:
         d.ras = make_ras(new, d.clock)
+    if d.actions is not None and (new.ras, new.stacks.py_spy) != (d.config.ras, d.config.stacks.py_spy):
+        retarget_captures(d.actions, new)
     if new.cluster != d.config.cluster:
         d.fleet.close()
         d.fleet = make_fleet(new, d.clock)
