@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import urllib.error
@@ -495,3 +496,27 @@ def test_on_reload_every_key_reaches_its_consumer_or_says_it_needs_a_restart(
         section, _, name = key.partition(".")
         assert f"`[{section}]`" in reload_text or f"`{key}`" in reload_text or f"`{name}`" in reload_text, key
     print(f"\nreload: {len(live)} keys applied live, {len(restart)} logged as needing a restart")
+
+
+def test_the_slurm_scripts_variables_reach_them(tmp_path: Path) -> None:
+    """deploy/slurm's documented variables: GPU_WATCHDOG_SLURM_DEFAULTS names the file that sets
+    GPU_WATCHDOG_BIN and GPU_WATCHDOG_URL (the health check runs that binary against that URL) and
+    GPU_WATCHDOG_PROGRESS_ROOT (the epilog removes the job's directory there)."""
+    import subprocess
+
+    called = tmp_path / "called"
+    fake_bin = tmp_path / "gpu-watchdog"
+    fake_bin.write_text(f'#!/bin/sh\necho "$@" > {called}\n')
+    fake_bin.chmod(0o755)
+    (tmp_path / "root" / "slurm-123").mkdir(parents=True)
+    defaults = tmp_path / "defaults"
+    defaults.write_text(
+        f"GPU_WATCHDOG_BIN={fake_bin}\nGPU_WATCHDOG_URL=http://node-a.test:9999\n"
+        f"GPU_WATCHDOG_PROGRESS_ROOT={tmp_path / 'root'}\n"
+    )
+    env = {"PATH": os.environ["PATH"], "GPU_WATCHDOG_SLURM_DEFAULTS": str(defaults), "SLURM_JOB_ID": "123"}
+    slurm = ROOT / "deploy" / "slurm"
+    subprocess.run(["sh", slurm / "health-check.sh"], env=env, check=True, timeout=30)
+    assert called.read_text().split() == ["slurm-health-check", "--drain", "--url", "http://node-a.test:9999"]
+    subprocess.run(["sh", slurm / "epilog.sh"], env=env, check=True, timeout=30)
+    assert not (tmp_path / "root" / "slurm-123").exists()
