@@ -288,3 +288,14 @@ def test_the_report_says_why_from_a_bundle_the_daemon_wrote(tmp_path: Path) -> N
         assert "No findings recorded" not in text
         for finding in hung.findings:
             assert f"<td>{finding.signal}</td><td>{finding.stance}</td>" in text, finding
+
+
+def test_a_bundle_written_before_issue_28_still_shows_its_findings(tmp_path: Path) -> None:
+    """Bundles captured before the fix kept the findings beside the evidence (job.findings)."""
+    bundle = make_bundle(tmp_path / "b", dumps={(0, 100): as_text(BARRIER, 100)})
+    status = json.loads((bundle / "status.json").read_text())
+    status["job"]["findings"] = status["job"].pop("evidence")["findings"]
+    status["job"]["evidence"] = {"gpus": [0]}
+    (bundle / "status.json").write_text(json.dumps(status))
+    text = write_report(bundle).read_text()
+    assert "<td>steps_frozen</td><td>hang</td>" in text and "No findings recorded" not in text
