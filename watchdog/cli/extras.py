@@ -55,7 +55,7 @@ def trainer_command_extra(command: str) -> str:
 
 
 def checkout_extra_hint(prog: str, command: str, error: ModuleNotFoundError, extra: str) -> str | None:
-    """As :func:`missing_extra_hint`, for a tool of the checkout (``ft_trainer.devtools``, not in the
+    """As :func:`missing_extra_hint`, for a tool of the checkout (the trainer's dev tools, not in the
     wheel): the fix is ``make install`` (``make run`` installs the [daemon] extra only)."""
     name = (error.name or "").partition(".")[0]
     if name not in EXTRA_MODULES[extra]:
