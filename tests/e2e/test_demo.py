@@ -62,3 +62,18 @@ def test_make_demo_catches_and_kills_the_real_deadlock(tmp_path: Path) -> None:
     report = Path(pictures["evidence_report"]).read_text()
     assert report.count("rank 0 (pid ") >= 1 and report.count("rank 1 (pid ") >= 1
     assert "<script" not in report
+    # Issue 28 (1): the report says why - the verdict's findings from the bundle's status.json.
+    assert "No findings recorded" not in report
+    assert "<td>phase_disagreement</td>" in report or "<td>steps_frozen</td>" in report
+    # Issue 28 (7): "onset (last step)" sits on the last step the picture draws (one clock for both).
+    from gpu_triage.journal.timeline import build_timeline, status_point, step_curve
+
+    saved = json.loads((out / "timeline.json").read_text())
+    points = [p for p in (status_point(d, saved["job"]) for d in saved["status"]) if p is not None]
+    timeline = build_timeline(saved["job"], points, saved["events"])
+    (onset,) = [m.time_s for m in timeline.marks if m.kind == "onset"]
+    last_steps = []
+    for rank in sorted({r for p in timeline.points for r in p.steps}):
+        times, steps = step_curve(timeline, rank)
+        last_steps.append(times[steps.index(steps[-1])])
+    assert min(abs(onset - t) for t in last_steps) < 0.05, (onset, last_steps)
