@@ -13,7 +13,8 @@ What a recording looks like::
 * ``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``, ``[GPU is lost]``, ``N/A`` and empty cells
   are missing values (NaN), not errors;
 * blank lines are skipped; a last line cut short by a killed logger (no newline, fewer fields or a cut
-  final field) is skipped with a warning; a repeated header line (a logger restarted with ``>>``) is
+  final field) is skipped with a warning, and so is an incomplete last snapshot where rows are GPUs by
+  position (the logger killed mid-snapshot); a repeated header line (a logger restarted with ``>>``) is
   skipped with a warning; anything else malformed is a :class:`RecordingError`
   ``"{path}:{line}:{column}: {message}"`` where ``line`` is the 1-based line in the file and
   ``column`` the 1-based **field number** (0 when the message is about the whole file).
