@@ -417,6 +417,8 @@ def test_a_missing_optional_token_file_lets_the_daemon_start(tmp_path: Path, nvm
     daemon.start()
     try:
         assert daemon.url is not None
+        # daemon.source: "none" although NVML (the fake) answers, which "auto" would have used
+        assert daemon.source.name == "none"
     finally:
         daemon.close()
 
