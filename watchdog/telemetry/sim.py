@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_triage.model.config_schema import toml_syntax_problem
 from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
 from gpu_triage.telemetry.scenarios import DEFAULT_SCENARIO, find
 
@@ -385,7 +386,7 @@ class Scenario:
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
-            raise ScenarioError(f"{path}: {exc}") from exc
+            raise ScenarioError(str(toml_syntax_problem(str(path), exc))) from exc
         return cls.from_dict(data, origin=str(path))
 
     @classmethod
