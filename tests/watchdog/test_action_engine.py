@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpu_triage.actions.engine import ActionEngine
-from gpu_triage.actions.evidence import find_py_spy
+from gpu_triage.actions.evidence_bundle import find_py_spy
 from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.daemon.config import ActionsConfig, AlertsConfig, SinkConfig
 from gpu_triage.journal.eventstore import EventStore
@@ -636,8 +636,8 @@ def test_a_restarted_engine_that_is_not_armed_sends_no_persisted_sigkill(
 
 def test_a_persisted_kill_is_restored_exactly_and_hostile_ones_are_dropped() -> None:
     from gpu_triage.actions.episode import KillState
-    from gpu_triage.actions.kill import KillPlan
-    from gpu_triage.actions.kills import restored_kill, saved_kill
+    from gpu_triage.actions.kill_policy import restored_kill, saved_kill
+    from gpu_triage.actions.kill_targets import KillPlan
     from gpu_triage.model.actions import KillStage
 
     plan = KillPlan((4242,), (4243,), {4242: 1796338649.25, 4243: None, 4244: 1796338650.0})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.actions.evidence import (
+from gpu_triage.actions.evidence_bundle import (
     CaptureRequest,
     EvidenceCapture,
     RankTarget,
@@ -26,7 +26,7 @@ from gpu_triage.actions.evidence import (
     prune_bundles,
     safe_name,
 )
-from gpu_triage.actions.kill import CommandResult, SubprocessRunner
+from gpu_triage.actions.kill_targets import CommandResult, SubprocessRunner
 from tests.conftest import require_binary
 from tests.watchdog.snapshots import T0
 from tests.watchdog.test_delivery import free_port

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpu_triage.actions.kill import Identity, ProcEntry, plan_kill
+from gpu_triage.actions.kill_targets import Identity, ProcEntry, plan_kill
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.names import job_name_problem, printable, safe_job_key

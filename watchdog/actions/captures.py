@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpu_triage.actions.episode import Episode
-from gpu_triage.actions.evidence import (
+from gpu_triage.actions.evidence_bundle import (
     FLIGHT_RECORDER_WAIT_S,
     PY_SPY_PARALLEL,
     Bundle,

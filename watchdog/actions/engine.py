@@ -24,7 +24,7 @@ was seen in an earlier episode is a **deterministic hang**: the alert is the dis
 The engine is a facade over small modules: :mod:`~gpu_triage.actions.ladder` (pure: which rungs are
 due), :mod:`~gpu_triage.actions.episode` (per-job state), :mod:`~gpu_triage.actions.captures` (the
 capture rung), :mod:`~gpu_triage.actions.alert_book` (pages, resends, resolves, silences),
-:mod:`~gpu_triage.actions.kills` and :mod:`~gpu_triage.actions.kill_runs` (the kill rungs),
+:mod:`~gpu_triage.actions.kill_policy` and :mod:`~gpu_triage.actions.kill_runner` (the kill rungs),
 :mod:`~gpu_triage.actions.worker` (threads and their typed results) and
 :mod:`~gpu_triage.actions.records`. Actions and results are the enums of
 :mod:`gpu_triage.model.actions`.
@@ -59,10 +59,10 @@ from gpu_triage.actions.captures import CAPTURE_MIN_INTERVAL_S, CaptureScheduler
 from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.delivery import Delivery
 from gpu_triage.actions.episode import Episode, HangSignatures
-from gpu_triage.actions.evidence import EvidenceCapture, find_nvidia_smi, find_py_spy
-from gpu_triage.actions.kill import CommandRunner, KillExecutor, Signaller, SubprocessRunner
-from gpu_triage.actions.kill_runs import KillRunner
-from gpu_triage.actions.kills import KILL_WINDOW_S, KillCoordinator
+from gpu_triage.actions.evidence_bundle import EvidenceCapture, find_nvidia_smi, find_py_spy
+from gpu_triage.actions.kill_policy import KILL_WINDOW_S, KillCoordinator
+from gpu_triage.actions.kill_runner import KillRunner
+from gpu_triage.actions.kill_targets import CommandRunner, KillExecutor, Signaller, SubprocessRunner
 from gpu_triage.actions.records import KV_EPISODES, KvState, Records
 from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.actions.worker import CaptureDone, KillDone, TermDone, WorkerResult

@@ -53,7 +53,7 @@ across cycles and its saved form :mod:`~gpu_triage.verdicts.memory`, one cycle's
 :mod:`~gpu_triage.verdicts.facts`, the freeze budgets :mod:`~gpu_triage.verdicts.budgets`, the hang
 rules K1-K6 :mod:`~gpu_triage.verdicts.hang_rules`, the verdicts without proof (``stalled``, ``slow``,
 ``cannot_judge``) :mod:`~gpu_triage.verdicts.stall_rules`, and the verdict decision
-:mod:`~gpu_triage.verdicts.decision`; findings and evidence :mod:`~gpu_triage.verdicts.evidence`.
+:mod:`~gpu_triage.verdicts.decision`; findings and evidence :mod:`~gpu_triage.verdicts.job_evidence`.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.verdicts.budgets import fast_budget_s
 from gpu_triage.verdicts.decision import decide
-from gpu_triage.verdicts.evidence import job_evidence, job_findings
 from gpu_triage.verdicts.facts import job_facts
+from gpu_triage.verdicts.job_evidence import job_evidence, job_findings
 from gpu_triage.verdicts.memory import JobMemory, export_jobs, learn, restore_jobs
 from gpu_triage.verdicts.settings import DetectorConfig as DetectorConfig
 from gpu_triage.verdicts.stall_rules import blind_reasons

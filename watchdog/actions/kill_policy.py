@@ -1,7 +1,7 @@
 """Kill coordination on the loop thread: the SIGTERM rung's checks (armed, the deterministic-hang
 breaker, evidence still being captured, proven targets of one owner, the kills-per-hour budget persisted in
 ``actions.kill_times``), the kill's stages, the SIGKILL rung after ``sigkill_grace_s``, and the workers'
-outcomes turned into records. What the worker runs is :mod:`gpu_triage.actions.kill_runs`.
+outcomes turned into records. What the worker runs is :mod:`gpu_triage.actions.kill_runner`.
 
 A kill outlives a restart of the daemon (``actions.kills_in_progress``): which pids were signalled (the
 detector keeps calling them ``killed``, so the dying job never begins a new episode) and, once a SIGTERM
@@ -18,8 +18,8 @@ from typing import Any
 from gpu_triage.actions.captures import rank_targets
 from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.episode import Episode, KillState
-from gpu_triage.actions.kill import Identity, KillPlan
-from gpu_triage.actions.kill_runs import KillRunner
+from gpu_triage.actions.kill_runner import KillRunner
+from gpu_triage.actions.kill_targets import Identity, KillPlan
 from gpu_triage.actions.ladder import sigkill_step
 from gpu_triage.actions.records import KV_KILLS, KV_KILLS_IN_PROGRESS, KvState, Records
 from gpu_triage.actions.worker import HookRun, HookSurvivors, KillDone, OrderedWorker, TermDone

@@ -54,7 +54,7 @@ from typing import Any
 import psutil
 
 from gpu_triage.actions import evidence_report
-from gpu_triage.actions.kill import CommandRunner, SubprocessRunner
+from gpu_triage.actions.kill_targets import CommandRunner, SubprocessRunner
 from gpu_triage.signals import flight_recorder
 from gpu_triage.signals.nccl_ras import client as ras
 
