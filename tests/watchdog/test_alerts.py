@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 
 from gpu_triage.alerts.model import (
-    PAGERDUTY_DEDUP_MAX,
-    PAGERDUTY_SUMMARY_MAX,
+    DEDUP_KEY_MAX,
     Alert,
     Condition,
     build_alert,
@@ -23,7 +22,7 @@ from gpu_triage.alerts.model import (
 )
 from gpu_triage.alerts.registry import endpoint, render
 from gpu_triage.alerts.sinks.alertmanager import alertmanager_payload
-from gpu_triage.alerts.sinks.pagerduty import pagerduty_payload
+from gpu_triage.alerts.sinks.pagerduty import PAGERDUTY_SUMMARY_MAX, pagerduty_payload
 from gpu_triage.alerts.sinks.slack import slack_payload
 from gpu_triage.alerts.sinks.webhook import webhook_payload
 from gpu_triage.model.evidence import JobEvidence
@@ -94,7 +93,7 @@ def test_dedup_key_is_node_job_condition_and_bounded() -> None:
     assert dedup_key("node-a", "job-1", Condition.DEADLOCK) == "node-a:job-1:deadlock"
     assert dedup_key("node-a", "job-1", Condition.DEADLOCK) == dedup_key("node-a", "job-1", "deadlock")
     long = dedup_key("n" * 200, "j" * 200, Condition.DEADLOCK)
-    assert len(long) <= PAGERDUTY_DEDUP_MAX
+    assert len(long) <= DEDUP_KEY_MAX
     assert long == dedup_key("n" * 200, "j" * 200, Condition.DEADLOCK)
     assert long != dedup_key("n" * 200, "j" * 199 + "x", Condition.DEADLOCK)
     assert long.endswith(":deadlock")

@@ -17,7 +17,6 @@ from typing import Any
 
 from gpu_triage.alerts.model import (
     ALERT_NAMES,
-    ALERTMANAGER_EXPIRY_RESENDS,
     LABEL_SEVERITY,
     SOURCE,
     Alert,
@@ -27,6 +26,9 @@ from gpu_triage.alerts.model import (
     rfc3339,
 )
 from gpu_triage.alerts.sinks.protocol import RenderContext
+
+ALERTMANAGER_EXPIRY_RESENDS = 4
+"""A firing alert's ``endsAt`` lies this many resend intervals after it was sent."""
 
 
 def alertmanager_payload(

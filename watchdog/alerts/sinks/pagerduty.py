@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_triage.alerts.model import PAGERDUTY_SUMMARY_MAX, SOURCE, Alert, rfc3339, truncate
+from gpu_triage.alerts.model import SOURCE, Alert, rfc3339, truncate
 from gpu_triage.alerts.sinks.protocol import RenderContext
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+PAGERDUTY_SUMMARY_MAX = 1024
+"""PagerDuty cuts ``payload.summary`` at 1024 characters (the key's limit: ``model.DEDUP_KEY_MAX``)."""
 
 
 def pagerduty_payload(alert: Alert, routing_key: str) -> dict[str, Any]:

@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_triage.alerts.model import SLACK_SECTION_MAX, Alert, gpu_ranges, rfc3339, truncate
+from gpu_triage.alerts.model import Alert, gpu_ranges, rfc3339, truncate
 from gpu_triage.alerts.sinks.protocol import RenderContext
+
+SLACK_SECTION_MAX = 2900
+"""Slack limits a section's text to 3000 characters."""
 
 
 def slack_payload(alert: Alert) -> dict[str, Any]:
