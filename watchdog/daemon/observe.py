@@ -60,8 +60,8 @@ def observe(
     d._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in d._process_view.untrusted)])
     jobs = with_stacks(d, now, jobs)
     jobs = with_remote(d, now, jobs)
-    signalled = getattr(d.actions, "signalled_pids", None)
-    if signalled is not None:  # ranks the kill ladder signalled read `killed`, never a new stall
+    if d.actions is not None:  # ranks the kill ladder signalled read `killed`, never a new stall
+        signalled = d.actions.signalled_pids
         jobs = [replace(j, signalled_pids=signalled(j.job, now)) for j in jobs]
     gviews = [
         GpuView(
