@@ -38,8 +38,10 @@ from gpu_triage.model.states import KILL_WORTHY_VERDICTS, Mode, Verdict
 from gpu_triage.signals.processes import RankProcess
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.signals.stacks.dumps import Frame, RankStack, StackSummary, ThreadStack, classify
-from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView
+from gpu_triage.verdicts.detector import Detector
 from gpu_triage.verdicts.fusion import job_views
+from gpu_triage.verdicts.settings import DetectorConfig
+from gpu_triage.verdicts.views import GpuView, JobView
 from tests.watchdog.engines import build_engine
 
 T0 = 1_780_000_000.0

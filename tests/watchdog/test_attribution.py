@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ft_trainer.progress import ProgressWriter
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon, progress_claims
 from gpu_triage.signals.processes import ProcessInspector, ProgressClaim, judge_claim

@@ -82,7 +82,7 @@ class Block:
             raise ImportError("hidden by the test: " + name)
         return None
 sys.meta_path.insert(0, Block())
-import gpu_triage.contract, gpu_triage.integrations, gpu_triage.integrations.accelerate, ft_trainer.progress
+import gpu_triage.contract, gpu_triage.integrations, gpu_triage.integrations.accelerate
 from gpu_triage.integrations import Progress
 p = Progress.from_env("job-a", env={{"RANK": "1", "WORLD_SIZE": "2"}}, directory={str(tmp_path)!r})
 with p.checkpoint():

@@ -109,7 +109,7 @@ def test_item1_parse_record_raises_only_its_own_error_for_deep_or_constant_input
 
 
 def test_item1_a_job_the_detector_cannot_judge_stays_in_that_job(monkeypatch) -> None:
-    from gpu_triage.verdicts.detector import JobView, RankView
+    from gpu_triage.verdicts.views import JobView, RankView
 
     detector = Detector()
     original = detector._job

@@ -7,7 +7,7 @@ micro-batches: one ``engine.backward`` / ``engine.step`` per micro-batch, an opt
 a rank with fewer micro-batches reaches the end-of-epoch collective while another still waits in a
 forward pass - the epoch-end deadlock, reproduced for real.
 
-What the watchdog sees (``gpu_triage.contract`` via ``ft_trainer.progress``, ``lease_scope`` "job": every
+What the watchdog sees (``gpu_triage.contract``, ``lease_scope`` "job": every
 rank announces every phase): ``init`` with a lease while the model loads, ``train``
 with the step after every optimizer step, ``epoch_end`` with a lease around the end-of-epoch collectives
 (epoch statistics, equalize of the next epoch), ``checkpoint`` with a lease derived from the measured save
@@ -36,7 +36,6 @@ from ft_trainer.config import JobConfig
 from ft_trainer.data.data import JobData
 from ft_trainer.planning.estimates import checkpoint_bytes
 from ft_trainer.planning.plan import plan_fingerprint
-from ft_trainer.progress import MIN_INTERVAL_S, ProgressWriter, progress_dir
 from ft_trainer.train.checkpoint import (
     FAULT_ENV,
     CheckpointManager,
@@ -53,6 +52,7 @@ from ft_trainer.train.throughput import (
     lookup_peak_flops,
     measure_cpu_matmul_flops,
 )
+from gpu_triage.contract import MIN_INTERVAL_S, ProgressWriter, progress_dir
 
 __all__ = ["RankEnv", "TrainError", "TrainResult", "Trainer", "resolve_device"]
 

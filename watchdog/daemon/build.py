@@ -25,7 +25,7 @@ from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
 from gpu_triage.signals.nccl_ras.poller import RasPoller
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
-from gpu_triage.verdicts.detector import DetectorConfig
+from gpu_triage.verdicts.settings import DetectorConfig
 
 if TYPE_CHECKING:
     from gpu_triage.actions.interface import Actions

@@ -8,7 +8,7 @@ checks and docs, :func:`gpu_triage.model.config_schema.setting`):
 [daemon]   :class:`DaemonConfig` (here)
 [progress] :class:`gpu_triage.signals.progress.ProgressConfig`
 [classifier] :class:`gpu_triage.classify.config.ClassifierConfig`
-[detector] :class:`gpu_triage.verdicts.detector.DetectorConfig`
+[detector] :class:`gpu_triage.verdicts.settings.DetectorConfig`
 [stacks]   :class:`gpu_triage.signals.stacks.config.StacksConfig`
 [ras]      :class:`gpu_triage.signals.nccl_ras.poller.RasConfig`
 [cluster]  :class:`gpu_triage.signals.fleet.config.ClusterConfig`
@@ -75,7 +75,7 @@ from gpu_triage.signals.fleet.config import ClusterConfig
 from gpu_triage.signals.nccl_ras.poller import RasConfig
 from gpu_triage.signals.progress import ProgressConfig
 from gpu_triage.signals.stacks.config import StacksConfig
-from gpu_triage.verdicts.detector import DetectorConfig
+from gpu_triage.verdicts.settings import DetectorConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpu-watchdog/config.toml")
 ENV_PREFIX = "GPU_WATCHDOG_"

@@ -18,8 +18,8 @@ from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.processes import ProgressClaim, RankProcess
 from gpu_triage.signals.progress import ProgressView
 from gpu_triage.signals.stacks.dumps import StackPhase
-from gpu_triage.verdicts.detector import GpuView, JobView
 from gpu_triage.verdicts.fusion import job_views
+from gpu_triage.verdicts.views import GpuView, JobView
 
 if TYPE_CHECKING:
     from gpu_triage.daemon.loop import Daemon
