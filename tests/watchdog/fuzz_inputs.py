@@ -222,7 +222,8 @@ def run_config(data: bytes, tmp: Path) -> str:
 
 
 def run_progress(data: bytes, tmp: Path) -> str:
-    from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
+    from gpu_triage.signals.progress import ProgressReader
+    from gpu_triage.signals.progress_model import ProgressFormatError, parse_record
 
     try:
         parse_record(data)

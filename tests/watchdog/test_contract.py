@@ -23,7 +23,8 @@ from gpu_triage.contract import (
     ProgressWriter,
 )
 from gpu_triage.integrations import Progress
-from gpu_triage.signals.progress import ProgressReader, parse_record
+from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.progress_model import parse_record
 from tests.conftest import REPO
 
 JOB = "tiny-job"

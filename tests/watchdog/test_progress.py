@@ -15,12 +15,12 @@ import pytest
 from gpu_triage.contract import FIELDS as WRITER_FIELDS
 from gpu_triage.contract import PHASES as WRITER_PHASES
 from gpu_triage.contract import ProgressWriter, progress_dir
-from gpu_triage.signals.progress import (
+from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.progress_model import (
     FIELDS,
     PHASES,
     LeaseState,
     ProgressFormatError,
-    ProgressReader,
     StaleReason,
     StepTracker,
     lease_state,

@@ -22,7 +22,8 @@ from gpu_triage.model.states import Mode
 from gpu_triage.serving.api import create_app
 from gpu_triage.serving.publish import SnapshotHolder
 from gpu_triage.signals.processes import Candidate, job_key, kernel_scope, name_groups
-from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
+from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.progress_model import ProgressFormatError, parse_record
 
 FORGED = "x\n2026-12-03 10:00:00,000 CRITICAL gpu_watchdog.events: kill job=prod sigterm ok"
 
