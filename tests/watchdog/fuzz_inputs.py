@@ -256,8 +256,8 @@ def run_names(data: bytes, tmp: Path) -> str:
     from gpu_triage.journal import logs
     from gpu_triage.journal.eventstore import EventStore
     from gpu_triage.model.names import job_name_problem, printable
-    from gpu_triage.signals.processes import job_key
     from gpu_triage.signals.progress import ProgressReader
+    from gpu_triage.signals.ranks import job_key
 
     root = tmp / "names"
     shutil.rmtree(root, ignore_errors=True)

@@ -22,7 +22,7 @@ from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.signals.nccl_ras.poller import RasConfig
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.ranks import RankProcess
 from gpu_triage.signals.stacks.sampler import find_py_spy
 from tests.watchdog.engines import build_engine
 from tests.watchdog.snapshots import T0, gpu_status

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.ranks import RankProcess
 
 
 @dataclass(frozen=True, slots=True)

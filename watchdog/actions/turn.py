@@ -13,7 +13,7 @@ from gpu_triage.actions.interface import Cycle
 from gpu_triage.actions.records import Records
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import Mode
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.ranks import RankProcess
 
 
 @dataclass(frozen=True, slots=True)

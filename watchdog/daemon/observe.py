@@ -15,8 +15,8 @@ from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import ENDED_VERDICTS, Verdict
 from gpu_triage.signals.fleet.facts import JobFacts, local_facts, spin_since_by_gpu
 from gpu_triage.signals.fleet.remote import RemoteFacts
-from gpu_triage.signals.processes import ProgressClaim, RankProcess
 from gpu_triage.signals.progress import ProgressView
+from gpu_triage.signals.ranks import ProgressClaim, RankProcess
 from gpu_triage.signals.stacks.dumps import StackPhase
 from gpu_triage.verdicts.fusion import job_views
 from gpu_triage.verdicts.views import GpuView, JobView

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpu_triage.signals.processes import RankProcess, UntrustedClaim
 from gpu_triage.signals.progress_model import JobProgress, RankProgress, StaleReason
+from gpu_triage.signals.ranks import RankProcess, UntrustedClaim
 from gpu_triage.verdicts.views import JobView, RankView
 
 
