@@ -262,3 +262,14 @@ def test_ranks_in_pods_are_named_in_the_alert() -> None:
 
 def _alert_of(job: JobStatus):
     return build_alert(job, node="node-a", condition=Condition.DEADLOCK, now=T0, first_seen=T0)
+
+
+def test_a_sink_is_its_name_its_payload_and_data() -> None:
+    """Issue 29: the sink interface is what a sink must do - render an alert - plus its traits as data
+    (it was six members, four of them flags or URL rules each sink re-implemented)."""
+    from gpu_triage.alerts.registry import SINK_KINDS
+    from gpu_triage.alerts.sinks.protocol import SinkKind, SinkTraits
+
+    assert {n for n in vars(SinkKind) if not n.startswith("_")} == {"name", "traits", "payload"}
+    assert all(isinstance(kind.traits, SinkTraits) for kind in SINK_KINDS.values())
+    assert SinkTraits().endpoint("http://hook/x/") == "http://hook/x/"  # a plain URL is used as given

@@ -62,7 +62,7 @@ class AlertBook:
         self._limbo: dict[str, Alert] = {}
         self._limbo_until: float | None = None
         self._next_resend: float | None = None
-        self._am_sinks = tuple(s.name for s in alerts.sinks if sink_kind(s.kind).resends_active)
+        self._am_sinks = tuple(s.name for s in alerts.sinks if sink_kind(s.kind).traits.resends_active)
         persisted = kv.get(KV_ACTIVE, {})
         for key, value in (persisted if isinstance(persisted, dict) else {}).items():
             try:
