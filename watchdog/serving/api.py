@@ -121,6 +121,8 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
     document["stacks"] = jsonable(snapshot.stacks)
     document["cluster"] = jsonable(snapshot.cluster)
+    if snapshot.signals:
+        document["signals"] = jsonable(snapshot.signals)
     return document
 
 
@@ -130,7 +132,7 @@ def _dumps(document: Any) -> bytes:
 
 FAILING_AFTER_CYCLES = 3
 """Consecutive failed cycles after which /healthz answers 503 ``failing``."""
-DEGRADING_ERRORS = ("job", "persist", "actions", "store")
+DEGRADING_ERRORS = ("job", "persist", "actions", "store", "signal")
 """Input error kinds that make /healthz say ``degraded`` (progress-file errors are the users' own)."""
 
 
