@@ -212,8 +212,8 @@ class StatusDoc(_Doc):
     )
     input_errors: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="What failed this cycle without stopping it: kind (progress_file, job, store, actions), "
-        "where, error",
+        description="What failed this cycle without stopping it: kind (progress_file, job, persist, store, "
+        "actions, signal), where, error",
     )
     failed_cycles: int = Field(0, description="Consecutive cycles that failed (this is the last good one)")
     clock_offset_s: float = Field(
@@ -232,6 +232,11 @@ class StatusDoc(_Doc):
         description="Other nodes' facts from Prometheus ([cluster]): prometheus_url (null: per-node only), "
         "queries_total, errors_total, last_error; per job, evidence.fleet says what they completed or "
         "vetoed, or why they are unknown (fallback: per-node judgment)",
+    )
+    signals: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The status of each further registered signal, by name (gpu_triage.signals.registry); "
+        "absent when there is none beyond stacks, nccl_ras and cluster",
     )
 
 
