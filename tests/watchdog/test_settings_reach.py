@@ -46,6 +46,10 @@ class Built:
     def engine(self) -> Any:
         return self.daemon.actions
 
+    def signal(self, name: str) -> Any:
+        """A registered signal of the daemon's observer (stacks, nccl_ras, fleet)."""
+        return self.daemon.observer.signals[name]
+
     @property
     def capture(self) -> Any:
         return self.daemon.actions.evidence_capture
@@ -92,7 +96,7 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
             [
                 (lambda b: b.daemon.node, "node-under-test"),
                 (lambda b: b.engine.node, "node-under-test"),
-                (lambda b: b.daemon.fleet.config.node, "node-under-test"),
+                (lambda b: b.signal("fleet").poller.node, "node-under-test"),
                 (lambda b: det(b).fleet_node, "node-under-test"),
             ],
         ),
@@ -113,9 +117,9 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
         "daemon.log_format": ('"json"', [(lambda b: root_log()[1], "JsonFormatter")]),
         "progress.dir": (
             json.dumps(str(tmp / "progress")),
-            [(lambda b: b.daemon.progress.directory, tmp / "progress")],
+            [(lambda b: b.daemon.observer.progress.directory, tmp / "progress")],
         ),
-        "progress.stale_after_s": ("120.0", [(lambda b: b.daemon.progress.stale_after_s, 120.0)]),
+        "progress.stale_after_s": ("120.0", [(lambda b: b.daemon.observer.progress.stale_after_s, 120.0)]),
         "classifier.table": (
             json.dumps(str(tmp / "table.toml")),
             [(lambda b: b.daemon.gpus.table_path, tmp / "table.toml")],
@@ -128,20 +132,23 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
         "stacks.py_spy": (
             json.dumps(str(tmp / "py-spy")),
             [
-                (lambda b: b.daemon.stacks.config.py_spy, str(tmp / "py-spy")),
+                (lambda b: b.signal("stacks").sampler.config.py_spy, str(tmp / "py-spy")),
                 (lambda b: b.capture.py_spy, str(tmp / "py-spy")),  # the evidence bundle's dumps
             ],
         ),
         "ras.host": (
             '"127.0.0.2"',
             [
-                (lambda b: b.daemon.ras.config.host, "127.0.0.2"),
+                (lambda b: b.signal("nccl_ras").poller.config.host, "127.0.0.2"),
                 (lambda b: cap(b).ras_address[0], "127.0.0.2"),
             ],
         ),
         "ras.port": (
             "28029",
-            [(lambda b: b.daemon.ras.config.port, 28029), (lambda b: cap(b).ras_address[1], 28029)],
+            [
+                (lambda b: b.signal("nccl_ras").poller.config.port, 28029),
+                (lambda b: cap(b).ras_address[1], 28029),
+            ],
         ),
         "cluster.stale_after_s": ("22.5", [(lambda b: det(b).fleet_stale_after_s, 22.5)]),
         "events.retention_days": ("7.0", [(lambda b: b.daemon.store.retention_s, 7 * 86400.0)]),
@@ -200,7 +207,10 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
         "max_parallel": "3",
     }
     for key, value in sampler.items():
-        out[f"stacks.{key}"] = (value, [(lambda b, k=key: getattr(b.daemon.stacks.config, k), parse(value))])
+        out[f"stacks.{key}"] = (
+            value,
+            [(lambda b, k=key: getattr(b.signal("stacks").sampler.config, k), parse(value))],
+        )
     stack_evidence = {
         "frozen_s": "30.0",
         "min_samples": "6",
@@ -214,7 +224,10 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
             [(lambda b, k=key: getattr(det(b).stacks.evidence(), k), parse(value))],
         )
     for key, value in {"enabled": "false", "min_interval_s": "90.0", "timeout_s": "7.5"}.items():
-        out[f"ras.{key}"] = (value, [(lambda b, k=key: getattr(b.daemon.ras.config, k), parse(value))])
+        out[f"ras.{key}"] = (
+            value,
+            [(lambda b, k=key: getattr(b.signal("nccl_ras").poller.config, k), parse(value))],
+        )
     fleet = {
         "prometheus_url": '"http://127.0.0.1:9/"',
         "min_interval_s": "7.5",
@@ -222,7 +235,10 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
         "max_response_bytes": "1048576",
     }
     for key, value in fleet.items():
-        out[f"cluster.{key}"] = (value, [(lambda b, k=key: getattr(b.daemon.fleet.config, k), parse(value))])
+        out[f"cluster.{key}"] = (
+            value,
+            [(lambda b, k=key: getattr(b.signal("fleet").poller.config, k), parse(value))],
+        )
     actions = {
         "capture_after_s": "5.0",
         "alert_after_s": "45.0",

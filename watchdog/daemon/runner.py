@@ -108,7 +108,8 @@ def build_daemon(
 
 def run_daemon(options: RunOptions) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; 0 after a clean stop, 2 on bad config."""
-    from gpu_triage.daemon.loop import install_signal_handlers, summary_line
+    from gpu_triage.daemon.reload import install_signal_handlers
+    from gpu_triage.daemon.summary import summary_line
     from gpu_triage.model.samples import TelemetryUnavailable
     from gpu_triage.serving.http_server import PortInUseError
 
