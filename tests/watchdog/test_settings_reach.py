@@ -221,7 +221,7 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
     for key, value in stack_evidence.items():
         out[f"stacks.{key}"] = (
             value,
-            [(lambda b, k=key: getattr(det(b).stacks.evidence(), k), parse(value))],
+            [(lambda b, k=key: getattr(det(b).stacks, k), parse(value))],
         )
     for key, value in {"enabled": "false", "min_interval_s": "90.0", "timeout_s": "7.5"}.items():
         out[f"ras.{key}"] = (
