@@ -64,15 +64,23 @@ def _refuse(why: str) -> None:
     pytest.skip(msg)
 
 
+def pid_namespace_prefix() -> list[str] | None:
+    """The command prefix that runs a command as PID 1 of a new PID namespace with its own ``/proc``
+    (everything it starts dies with it); None where that cannot be done (benchmarks: say so)."""
+    unshare = shutil.which("unshare")
+    if unshare is None or isolation_unavailable() is not None:
+        return None
+    return [unshare, "--fork", "--pid", "--mount-proc", "--kill-child"]
+
+
 def pid_namespace_argv() -> list[str]:
-    """The command prefix that runs a command as PID 1 of a new PID namespace with its own ``/proc``;
-    everything it starts dies with it. Skips (by hand) or fails (CI) where that cannot be done."""
+    """:func:`pid_namespace_prefix` for a test: skips (by hand) or fails (CI) where it cannot be done."""
     why = isolation_unavailable()
     if why is not None:
         _refuse(why)
-    unshare = shutil.which("unshare")
-    assert unshare is not None
-    return [unshare, "--fork", "--pid", "--mount-proc", "--kill-child"]
+    prefix = pid_namespace_prefix()
+    assert prefix is not None
+    return prefix
 
 
 def in_own_pid_namespace() -> bool:
