@@ -333,6 +333,13 @@ class SessionScope:
         except OSError:
             return False
 
+    def in_session(self, pid: int) -> bool:
+        """The cheap first test (one system call): is ``pid`` in the session at all?"""
+        try:
+            return self.sid is not None and os.getsid(pid) == self.sid
+        except OSError:
+            return False
+
     def holds_pid(self, pid: int) -> bool:
         """:meth:`holds` for a pid alone (reads its owner and start time)."""
         if self.sid is None:
@@ -562,7 +569,9 @@ class ProcessInspector:
                 continue  # ourselves, init, kernel threads, gone
             if pid in launcher_set:
                 continue
-            if session_scope is not None and not session_scope.holds(pid, _uid(proc), _create_time(proc)):
+            if session_scope is not None and not (
+                session_scope.in_session(pid) and session_scope.holds(pid, _uid(proc), _create_time(proc))
+            ):
                 continue  # not the simulated job's: never read, never judged
             env: RankEnv | None = None
             try:
