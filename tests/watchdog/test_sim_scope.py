@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ft_trainer.progress import ProgressWriter
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.daemon.record import DETECTOR_KEY, PROGRESS_KEY
