@@ -191,6 +191,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         rows.insert(0, {"when": "setup", "outcome": "passed", "longrepr": ""})
     if rows[-1]["when"] != "teardown":
         rows.append({"when": "teardown", "outcome": "passed", "longrepr": ""})
+    # This process set nothing up for the item, but the items before it left their module's (and
+    # session's) fixtures set up for it: tear down what the next item does not share, as pytest's own
+    # teardown does - else the next item of another module finds a stack it does not descend from.
+    done = pytest.CallInfo.from_call(lambda: item.session._setupstate.teardown_exact(nextitem), "teardown")
+    if done.excinfo is not None:
+        rows[-1] = {"when": "teardown", "outcome": "failed", "longrepr": str(done.excinfo.getrepr())}
     for r in rows:
         when = r["when"] if r["when"] in ("setup", "call", "teardown") else "call"
         longrepr: Any = None

@@ -66,12 +66,17 @@ def test_the_outcome_of_the_isolated_run_is_the_tests_own(tmp_path: Path) -> Non
     )
     (tmp_path / "test_cases.py").write_text(
         "import os, pytest\n"
-        "pytestmark = pytest.mark.isolated\n"
-        "def test_passes():\n    assert os.getpid() == 1\n"
-        "def test_fails():\n    assert 1 + 1 == 3, 'arithmetic-broke'\n"
-        "def test_skips():\n    pytest.skip('no-such-thing-here')\n"
+        "def test_plain_first():\n    assert os.getpid() != 1\n"  # leaves its module set up
+        "@pytest.mark.isolated\ndef test_passes():\n    assert os.getpid() == 1\n"
+        "@pytest.mark.isolated\ndef test_fails():\n    assert 1 + 1 == 3, 'arithmetic-broke'\n"
+        "@pytest.mark.isolated\ndef test_skips():\n    pytest.skip('no-such-thing-here')\n"
         "@pytest.fixture\ndef broken():\n    raise RuntimeError('fixture-broke')\n"
-        "def test_setup_error(broken):\n    pass\n"
+        "@pytest.mark.isolated\ndef test_setup_error(broken):\n    pass\n"
+    )
+    (tmp_path / "test_plain.py").write_text(  # after an isolated module: a module-scoped fixture
+        "import pytest\n"
+        "@pytest.fixture(scope='module')\ndef shared():\n    return 1\n"
+        "def test_plain(shared):\n    assert shared == 1\n"
     )
     done = subprocess.run(
         [
@@ -84,6 +89,7 @@ def test_the_outcome_of_the_isolated_run_is_the_tests_own(tmp_path: Path) -> Non
             "--rootdir",
             str(tmp_path),
             str(tmp_path / "test_cases.py"),
+            str(tmp_path / "test_plain.py"),
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -92,6 +98,6 @@ def test_the_outcome_of_the_isolated_run_is_the_tests_own(tmp_path: Path) -> Non
     )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
-    assert "1 failed, 1 passed, 1 skipped, 1 error" in out, out
+    assert "1 failed, 3 passed, 1 skipped, 1 error" in out, out  # the plain tests before and after too
     assert "arithmetic-broke" in out and "no-such-thing-here" in out and "fixture-broke" in out, out
     assert "ran in its own PID namespace" in out, out
