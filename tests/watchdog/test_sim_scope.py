@@ -206,7 +206,7 @@ def test_a_restarted_simulation_continues_only_its_own_job(tmp_path: Path) -> No
             "raised": now - 10,
             "hang_since": now - 20,
         }
-        boot = first._boot_id
+        boot = first.recorder.boot_id
         first.store.kv_set(PROGRESS_KEY, {"boot_id": boot, "saved_at": now, "value": marks}, now)
         first.store.kv_set(
             DETECTOR_KEY, {"boot_id": boot, "saved_at": now, "value": {JOB: memory, STRANGER: memory}}, now
@@ -216,7 +216,7 @@ def test_a_restarted_simulation_continues_only_its_own_job(tmp_path: Path) -> No
         second.start()
         try:
             restored = set(second.detector.export())
-            restored_marks = {name for name, _rank in second.progress.tracker._restored}
+            restored_marks = {name for name, _rank in second.observer.progress.tracker._restored}
         finally:
             second.close()
     finally:
