@@ -38,9 +38,12 @@ class RunOptions:
     """Print a one-line state summary every second."""
     sim_start_s: float | None = None
     """Epoch second at which a ``sim`` source's scenario starts (the demo starts it mid-timeline)."""
+    sim_job: int | None = None
+    """A ``sim`` source's simulated job: its launcher's pid, a session leader. The daemon judges that
+    session's processes and no other process of the machine (None: no process at all)."""
     on_started: Callable[[], None] | None = field(default=None, compare=False)
-    """Called once the daemon listens, before its first cycle (``make run`` prints its banner and
-    starts its simulated job there, so a port in use exits 2 before either)."""
+    """Called once the daemon listens, before its first cycle (``make run`` prints its banner there,
+    so a port in use exits 2 before any URL is shown)."""
 
     def overrides(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -82,6 +85,10 @@ def raise_nofile(target: int = NOFILE_TARGET) -> tuple[int, int]:
     return soft, soft
 
 
+class SimJobError(ValueError):
+    """``--sim-job`` cannot be honoured (the message says why)."""
+
+
 def build_daemon(
     config: Config,
     *,
@@ -89,11 +96,14 @@ def build_daemon(
     overrides: dict[str, object] | None = None,
     on_cycle: Callable[[Snapshot], None] | None = None,
     sim_start_s: float | None = None,
+    sim_job: int | None = None,
 ) -> Daemon:
     """The daemon ``run`` starts, built from ``config``: the log lines (``daemon.log_level``,
     ``log_format``), the telemetry source (``daemon.source``, ``nvml_deadline_s``), then the
     :class:`~gpu_triage.daemon.loop.Daemon` (its parts from ``daemon/build.py``). Not started.
-    Raises ValueError (a malformed source) or TelemetryUnavailable (the source cannot start)."""
+    ``sim_job``: the simulated job's session leader, the only processes a ``sim`` source's daemon judges.
+    Raises ValueError (a malformed source), TelemetryUnavailable (the source cannot start) or
+    :class:`SimJobError` (``sim_job`` with another source, or a pid that leads no session)."""
     from gpu_triage.daemon.loop import Daemon
     from gpu_triage.journal.logs import configure as configure_logging
     from gpu_triage.telemetry.factory import make_source
@@ -103,7 +113,17 @@ def build_daemon(
     source = make_source(config.daemon.source, deadline_s=config.daemon.nvml_deadline_s, log=log)
     if sim_start_s is not None and hasattr(source, "start_s"):
         source.start_s = sim_start_s
-    return Daemon(config, source, config_path=config_path, on_cycle=on_cycle, overrides=dict(overrides or {}))
+    if sim_job is not None:
+        if not hasattr(source, "job_session"):
+            source.close()
+            raise SimJobError(f"--sim-job needs a simulated source, not {source.name!r}")
+        source.job_session = sim_job
+    try:
+        flags = dict(overrides or {})
+        return Daemon(config, source, config_path=config_path, on_cycle=on_cycle, overrides=flags)
+    except ValueError as e:  # the simulated job's session (process_scope)
+        source.close()
+        raise SimJobError(str(e)) from None
 
 
 def run_daemon(options: RunOptions) -> int:
@@ -136,7 +156,11 @@ def run_daemon(options: RunOptions) -> int:
             overrides=flags,
             on_cycle=print_summary if options.summary else None,
             sim_start_s=options.sim_start_s,
+            sim_job=options.sim_job,
         )
+    except SimJobError as e:  # --sim-job: not a simulated source, or its session cannot be proven
+        print(f"gpu-watchdog run: {e}", file=sys.stderr)
+        return 2
     except (ValueError, TelemetryUnavailable) as e:
         print(f"gpu-watchdog run: daemon.source = {config.daemon.source!r}: {e}", file=sys.stderr)
         return 2
