@@ -566,10 +566,24 @@ def create_app(
         )
 
     app.add_middleware(HealthFirst, health=health)  # inside the Host check, before any body is read
+    policy = None
     if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
         from gpu_triage.serving.host_check import HostCheck, HostPolicy
 
-        app.add_middleware(HostCheck, policy=HostPolicy(allowed_hosts))
+        policy = HostPolicy(allowed_hosts)
+        app.add_middleware(HostCheck, policy=policy)
+
+    def health_answer(host: str | None) -> tuple[int, bytes]:
+        """/healthz for the HTTP server's front door (serving.health_door): the Host check, then the
+        document, exactly as the two middlewares above answer it on the event loop."""
+        if policy is not None and not policy.allows(host):
+            from gpu_triage.serving.host_check import MISDIRECTED_BODY
+
+            return 421, MISDIRECTED_BODY
+        document, status_code = health()
+        return status_code, _dumps(document)
+
+    app.state.health_answer = health_answer
     app.state.snapshots = snapshots
     app.state.auth = _Auth(token)
     app.state.control = control

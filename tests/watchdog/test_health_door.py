@@ -1,0 +1,45 @@
+"""The health door's request classifier and its answer (pure functions of the bytes read)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_triage.serving.health_door import MAX_HEAD_BYTES, classify, host_header, response
+
+
+@pytest.mark.parametrize(
+    ("head", "kind"),
+    [
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "health"),
+        (b"HEAD /healthz HTTP/1.0\r\n\r\n", "health"),
+        (b"GET /healthz?probe=1 HTTP/1.1\n\n", "health"),
+        (b"G", "wait"),
+        (b"HEAD /heal", "wait"),
+        (b"GET /healthz", "wait"),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n", "wait"),
+        (b"GET /metrics HTTP/1.1\r\n", "app"),
+        (b"GET /healthzz HTTP/1.1\r\n\r\n", "app"),
+        (b"POST /healthz HTTP/1.1\r\n\r\n", "app"),
+        (b"GET /healthz HTTP/2.0\r\n\r\n", "app"),
+        (b"\x16\x03\x01", "app"),  # a TLS hello: the app answers (400) as before
+        (b"GET /healthz HTTP/1.1\r\nX: " + b"a" * MAX_HEAD_BYTES, "app"),  # too long: the app's limits
+    ],
+)
+def test_classify(head: bytes, kind: str) -> None:
+    assert classify(head) == kind
+
+
+def test_response_carries_the_answer_and_the_host_header_reaches_it() -> None:
+    seen: list[str | None] = []
+
+    def answer(host: str | None) -> tuple[int, bytes]:
+        seen.append(host)
+        return 503, b'{"status":"stale"}'
+
+    get = response(b"GET /healthz HTTP/1.1\r\nhOsT:  node-7:9410 \r\n\r\n", answer)
+    assert get.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert b"content-length: 18\r\n" in get and get.endswith(b'\r\n\r\n{"status":"stale"}')
+    head = response(b"HEAD /healthz HTTP/1.1\r\n\r\n", answer)
+    assert head.endswith(b"\r\n\r\n") and b"content-length: 18" in head
+    assert seen == ["node-7:9410", None]
+    assert host_header(b"GET /healthz HTTP/1.1\r\n\r\nHost: body\r\n") is None
