@@ -21,8 +21,10 @@ from gpu_triage.daemon.config import (
     token_file_absent,
 )
 from gpu_triage.daemon.state_lock import StateLock
+from gpu_triage.model.samples import TelemetrySource
 from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
 from gpu_triage.signals.nccl_ras.poller import RasPoller
+from gpu_triage.signals.processes import SessionScope
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
 from gpu_triage.verdicts.detector import DetectorConfig
@@ -68,6 +70,17 @@ def validate_classifier(config: Config) -> None:
     except TableError as e:
         key = "classifier.table" if c.table is not None else "classifier.model"
         raise ConfigError([f"{config.origin}: {key}: {e}"]) from None
+
+
+def process_scope(source: TelemetrySource) -> SessionScope | None:
+    """The processes the daemon may judge: every process of the node (None), except on a simulated
+    source, whose GPUs host only its simulated job - the session its ``job_session`` names, checked
+    now by the kernel (no job attached: no process at all). Raises ValueError when that pid leads no
+    session."""
+    if source.name != "sim":
+        return None
+    session = getattr(source, "job_session", None)
+    return SessionScope.nothing() if session is None else SessionScope.of_leader(int(session))
 
 
 def detector_settings(config: Config) -> DetectorConfig:

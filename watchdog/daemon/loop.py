@@ -38,6 +38,7 @@ from gpu_triage.daemon.build import (
     make_reader,
     make_sampler,
     make_tracker,
+    process_scope,
     start_checks,
     start_http,
     take_state_lock,
@@ -92,7 +93,9 @@ class Daemon:
         actions: Any | None = None,
         overrides: dict[str, Any] | None = None,
     ) -> None:
-        """``overrides``: the command-line values applied over the file (re-applied on reload)."""
+        """``overrides``: the command-line values applied over the file (re-applied on reload). On a
+        simulated source the daemon judges only the simulated job's processes (``build.process_scope``;
+        ValueError when its ``job_session`` leads no session)."""
         self.config = config
         self.config_path = config_path
         self.overrides = dict(overrides or {})
@@ -117,7 +120,7 @@ class Daemon:
         self.fleet = make_fleet(config, self.clock)
         self._fleet_facts: tuple[JobFacts, ...] = ()
         self.progress = make_reader(config)
-        self.inspector = ProcessInspector()
+        self.inspector = ProcessInspector(scope=process_scope(source))
         self.pods = PodResolver()  # Kubernetes pod of each rank (gpu_triage.signals.pods); none outside one
         self.store: EventStore | None = None
         self.http: HttpServer | None = None

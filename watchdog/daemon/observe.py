@@ -51,8 +51,11 @@ def observe(
         if any(r.alive and r.proof for r in ranks)
     )
     untrusted_files = [u.to_dict() for u in view.untrusted]
+    progress_jobs = view.jobs
+    if d.inspector.scope is not None:  # a simulation judges its own job only, not any file's job
+        progress_jobs = {name: jp for name, jp in view.jobs.items() if name in d._process_view.jobs}
     jobs = job_views(
-        view.jobs,
+        progress_jobs,
         d._process_view.jobs,
         untrusted=d._process_view.untrusted,
         untrusted_files=untrusted_files,

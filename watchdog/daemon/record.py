@@ -162,6 +162,7 @@ def restore_episodes(d: Daemon) -> None:
         return
     boot = d._boot_id
     restored = []
+    scoped_jobs: set[str] = set()
     targets: tuple[tuple[str, Any], ...] = ((PROGRESS_KEY, d.progress.tracker), (DETECTOR_KEY, d.detector))
     for key, target in targets:
         saved = d.store.kv_get(key, None)
@@ -170,12 +171,33 @@ def restore_episodes(d: Daemon) -> None:
         at = saved.get("saved_at")
         if not isinstance(at, (int, float)) or not 0 <= d.clock() - at <= EPISODE_STATE_MAX_AGE_S:
             continue
-        n = target.restore(saved.get("value"))
+        value = saved.get("value")
+        if d.inspector.scope is not None:  # a simulation continues its own job only
+            value, scoped_jobs = in_scope(d, key, value, scoped_jobs)
+        n = target.restore(value)
         if n:
             restored.append(f"{key}={n}")
     if restored:
         log.info("continuing what the previous daemon saw: %s", ", ".join(restored))
         event(d, "daemon", {"event": "episodes_restored", "restored": restored})
+
+
+def in_scope(d: Daemon, key: str, value: Any, jobs: set[str]) -> tuple[Any, set[str]]:
+    """What a daemon with a process scope (a simulation: its own job only) takes from the saved
+    state: the step marks of ranks whose pid is in its scope now, and the detector's memory of the
+    jobs those marks belong to (the progress marks come first). Every other job stays behind."""
+    scope = d.inspector.scope
+    assert scope is not None
+    if key == PROGRESS_KEY:
+        kept = [
+            e
+            for e in (value if isinstance(value, list) else ())
+            if isinstance(e, dict) and isinstance(e.get("pid"), int) and scope.holds_pid(e["pid"])
+        ]
+        return kept, {str(e.get("job")) for e in kept}
+    if isinstance(value, dict):
+        return {job: e for job, e in value.items() if job in jobs}, jobs
+    return None, jobs
 
 
 def persist_episode_state(d: Daemon, now: float) -> None:
