@@ -78,7 +78,7 @@ class _ThreadServer(uvicorn.Server):
                 config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=loop
             )
             protocol._replay = head
-            return protocol  # type: ignore[no-any-return]
+            return protocol
 
         self._create = create
         await super().startup(sockets)
