@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpu_triage.classify.bands import CODE, UNKNOWN_CODE, raw_state, raw_states, stays_in, stays_mask
-from gpu_triage.classify.power_table import PowerTable
+from gpu_triage.classify.power_table import Box, PowerTable
 from gpu_triage.model.states import GPU_STATES, GpuState
 
 _EMPTY_F = np.empty(0, dtype=np.float64)
@@ -83,7 +83,7 @@ class GpuClassifier:
         self._history: deque[tuple[float, int, float]] = deque()
         self._history_start_s: float | None = None
         self._keep_s = _max_dwell(table)
-        self._exit_boxes = {
+        self._exit_boxes: dict[GpuState, tuple[Box, ...]] = {
             state: band.exit_boxes() for state, band in table.bands.items() if state is not GpuState.UNKNOWN
         }
         """Each band's exit boxes, computed once (the table is immutable): the daemon asks 10 times a
