@@ -43,3 +43,43 @@ def require_traces() -> Path:
             pytest.fail(f"{TRACES} is missing")
         pytest.skip(f"{TRACES} is missing")
     return TRACES
+
+
+# ------------------------------------------------------------------------------ running side by side
+
+#: ``make test`` runs the suite on ``pytest-xdist`` workers (``-n <cores> --dist loadgroup``): tests
+#: are spread one by one, except those of one group, which run on one worker, one after another. A
+#: group is for tests that cannot share the machine with each other, or that share a costly
+#: module-scoped fixture (built once per worker that runs one of its tests). By path under tests/.
+XDIST_GROUPS: dict[str, str] = {
+    # real multi-rank torch/DeepSpeed jobs: two at once on a 2-core machine starve each other's
+    # collectives and heartbeats; one at a time, beside the lighter tests
+    "trainer/test_train_e2e.py": "torch-jobs",
+    "trainer/test_deadlock_repro.py": "torch-jobs",
+    "trainer/test_gate.py": "torch-jobs",
+    "integrations/test_hf.py": "torch-jobs",
+    "integrations/test_lightning.py": "torch-jobs",
+    "integrations/test_loop_accelerate.py": "torch-jobs",
+    "e2e/test_demo.py": "torch-jobs",
+    # a real Slurm cluster (munged, MariaDB, slurmdbd, slurmctld, slurmd) per module
+    "integration/test_slurm.py": "slurm",
+    # module-scoped fixtures: a generated recording, the two Unix users, the rendered scenarios
+    "watchdog/test_triage.py": "test_triage",
+    "watchdog/test_triage_cadence.py": "test_triage_cadence",
+    "watchdog/test_nvsmi_csv.py": "test_nvsmi_csv",
+    "watchdog/test_sim_source.py": "test_sim_source",
+    "watchdog/test_shared_node.py": "test_shared_node",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups (it renames the node ids)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            where = item.path.resolve().relative_to(tests_dir).as_posix()
+        except ValueError:
+            continue
+        group = XDIST_GROUPS.get(where)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -43,3 +43,32 @@ def test_response_carries_the_answer_and_the_host_header_reaches_it() -> None:
     assert head.endswith(b"\r\n\r\n") and b"content-length: 18" in head
     assert seen == ["node-7:9410", None]
     assert host_header(b"GET /healthz HTTP/1.1\r\n\r\nHost: body\r\n") is None
+
+
+def test_hostile_request_heads_never_raise_and_only_well_formed_probes_are_answered() -> None:
+    """The door parses bytes from anyone: mutated request heads (tests/watchdog/fuzz_inputs.mutate)
+    are classified without raising, answered only when they are a complete GET/HEAD /healthz
+    request, and a health answer is always one bounded, well-formed response."""
+    import random
+
+    from tests.watchdog.fuzz_inputs import mutate
+
+    seeds = [
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:9410\r\nUser-Agent: kube-probe/1.29\r\n\r\n",
+        b"HEAD /healthz?x=1 HTTP/1.0\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n",
+    ]
+    rng = random.Random(30)
+
+    def answer(host: str | None) -> tuple[int, bytes]:
+        assert host is None or isinstance(host, str)
+        return 200, b"{}"
+
+    for _ in range(3000):
+        head = mutate(rng.choice(seeds), rng)[: MAX_HEAD_BYTES + 64]
+        kind = classify(head)
+        assert kind in ("health", "app", "wait")
+        if kind == "health":
+            assert head.startswith((b"GET /healthz", b"HEAD /healthz"))
+            out = response(head, answer)
+            assert out.startswith(b"HTTP/1.1 200 OK\r\n") and len(out) < 512
