@@ -72,3 +72,28 @@ def test_hostile_request_heads_never_raise_and_only_well_formed_probes_are_answe
             assert head.startswith((b"GET /healthz", b"HEAD /healthz"))
             out = response(head, answer)
             assert out.startswith(b"HTTP/1.1 200 OK\r\n") and len(out) < 512
+
+
+def test_doors_lower_the_switch_interval_while_any_runs_and_restore_it() -> None:
+    import socket
+    import sys
+
+    from gpu_triage.serving.health_door import SWITCH_INTERVAL_S, HealthDoor
+
+    before = sys.getswitchinterval()
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    doors = [
+        HealthDoor(s, lambda host: (200, b"{}"), lambda batch: None, max_pending=16, request_timeout_s=1.0)
+        for s in listeners
+    ]
+    try:
+        doors[0].start()
+        doors[1].start()
+        assert sys.getswitchinterval() == min(before, SWITCH_INTERVAL_S)
+        doors[0].stop()  # the other still runs
+        assert sys.getswitchinterval() == min(before, SWITCH_INTERVAL_S)
+        doors[1].stop()
+        assert sys.getswitchinterval() == before
+    finally:
+        for s in listeners:
+            s.close()

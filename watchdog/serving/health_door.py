@@ -107,6 +107,30 @@ def response(head: bytes, answer: HealthAnswer) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head.startswith(b"HEAD") else body)
 
 
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_before_s = 0.0
+
+
+def _lower_switch_interval() -> None:
+    """Lower the interpreter's switch interval while at least one door runs (counted: two servers
+    in one process, started and stopped in any order, leave the interval as they found it)."""
+    global _switch_users, _switch_before_s
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_before_s = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_before_s, SWITCH_INTERVAL_S))
+        _switch_users += 1
+
+
+def _restore_switch_interval() -> None:
+    global _switch_users
+    with _switch_lock:
+        _switch_users -= 1
+        if _switch_users == 0:
+            sys.setswitchinterval(_switch_before_s)
+
+
 class HealthDoor:
     """The front-door thread over a bound, listening ``listener`` (see the module doc). ``hand_off``
     gives non-health connections, each with the bytes read from it so far, to the event loop (called
@@ -136,15 +160,15 @@ class HealthDoor:
         self._wake_r, self._wake_w = socket.socketpair()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="http-health-door", daemon=True)
-        self._old_switch_s: float | None = None
+        self._switch_lowered = False
 
     def start(self) -> None:
         self.listener.setblocking(False)
         self._wake_r.setblocking(False)
         self._selector.register(self.listener, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._old_switch_s = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._old_switch_s, SWITCH_INTERVAL_S))
+        _lower_switch_interval()
+        self._switch_lowered = True
         self._thread.start()
 
     def stop(self, timeout_s: float = 2.0) -> None:
@@ -154,9 +178,9 @@ class HealthDoor:
             self._wake_w.send(b"x")
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        if self._old_switch_s is not None:
-            sys.setswitchinterval(self._old_switch_s)
-            self._old_switch_s = None
+        if self._switch_lowered:
+            _restore_switch_interval()
+            self._switch_lowered = False
         for conn in list(self._pending):
             conn.close()
         self._pending.clear()
