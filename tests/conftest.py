@@ -51,25 +51,25 @@ def require_traces() -> Path:
 #: are spread one by one, except those of one group, which run on one worker, one after another. A
 #: group is for tests that cannot share the machine with each other, or that share a costly
 #: module-scoped fixture (built once per worker that runs one of its tests). By path under tests/.
+#: (Session-scoped fixtures are built once per worker: tests/trainer/conftest.py's tokenizer and
+#: corpus, a few seconds each.)
 XDIST_GROUPS: dict[str, str] = {
-    # real multi-rank torch/DeepSpeed jobs: two at once on a 2-core machine starve each other's
-    # collectives and heartbeats; one at a time, beside the lighter tests
-    "trainer/test_train_e2e.py": "torch-jobs",
-    "trainer/test_deadlock_repro.py": "torch-jobs",
-    "trainer/test_gate.py": "torch-jobs",
-    "integrations/test_hf.py": "torch-jobs",
-    "integrations/test_lightning.py": "torch-jobs",
-    "integrations/test_loop_accelerate.py": "torch-jobs",
-    "e2e/test_demo.py": "torch-jobs",
-    # a real Slurm cluster (munged, MariaDB, slurmdbd, slurmctld, slurmd) per module
+    # a real Slurm cluster (munged, MariaDB, slurmdbd, slurmctld, slurmd) and its job users
     "integration/test_slurm.py": "slurm",
-    # module-scoped fixtures: a generated recording, the two Unix users, the rendered scenarios
+    # module-scoped fixtures: tiny tokenised data sets, a generated recording, the two Unix users, the
+    # rendered scenarios - each module on one worker builds them once
+    "trainer/test_train_e2e.py": "test_train_e2e",
+    "trainer/test_deadlock_repro.py": "test_deadlock_repro",
+    "trainer/test_gate.py": "test_gate",
     "watchdog/test_triage.py": "test_triage",
     "watchdog/test_triage_cadence.py": "test_triage_cadence",
     "watchdog/test_nvsmi_csv.py": "test_nvsmi_csv",
     "watchdog/test_sim_source.py": "test_sim_source",
     "watchdog/test_shared_node.py": "test_shared_node",
 }
+"""The real multi-rank torch/DeepSpeed jobs are not grouped: they are most of the suite's time (20 of
+its 36 minutes here), and they already run beside other work (timing assertions with slack for a
+loaded machine); one group would put them all on one worker."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups (it renames the node ids)
