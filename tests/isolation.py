@@ -219,6 +219,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             duration=r.get("duration") or 0.0,
         )
         ihook.pytest_runtest_logreport(report=rep)
+    # What the usual protocol's teardown does: drop the collectors (modules, classes) the next test
+    # does not share. The previous test kept this one's module set up; without this the next test,
+    # in another module, fails its setup with "previous item was not torn down properly" (frequent
+    # under pytest-xdist, whose workers interleave modules).
+    item.session._setupstate.teardown_exact(nextitem)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
