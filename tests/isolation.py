@@ -122,7 +122,8 @@ def run_item_isolated(item: pytest.Item) -> list[dict[str, Any]]:
     argv = pid_namespace_argv()
     with tempfile.TemporaryDirectory(prefix="gpuwd-isolated-") as tmp:
         report = Path(tmp) / "reports.jsonl"
-        env = dict(os.environ, **{PARENT_NS_ENV: _pid_ns(), REPORT_ENV: str(report)})
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+        env.update({PARENT_NS_ENV: _pid_ns(), REPORT_ENV: str(report)})
         cmd = [
             *argv,
             sys.executable,
@@ -132,6 +133,8 @@ def run_item_isolated(item: pytest.Item) -> list[dict[str, Any]]:
             "-q",
             "-p",
             "no:cacheprovider",
+            "-p",
+            "no:xdist",  # one test, in-process: a parallel suite's options must not fan it out again
             f"--basetemp={Path(tmp) / 'basetemp'}",
             "-o",
             "addopts=-ra --strict-markers",

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ft_trainer.progress import ProgressWriter
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.model.states import GpuState, Verdict
@@ -154,6 +154,7 @@ def write_config(path: Path, state: Path, progress: Path, port: int, mode: str =
 
 
 @pytest.mark.slow
+@pytest.mark.isolated  # armed (alert) after the reload: a PID namespace of its own (tests/isolation.py)
 def test_run_replays_a_recording_reloads_on_sighup_and_stops_on_sigterm(tmp_path: Path):
     from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
     from gpu_triage.telemetry.sim import Scenario

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ft_trainer.progress import ProgressWriter
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.daemon.record import DETECTOR_KEY, PROGRESS_KEY
@@ -223,3 +223,25 @@ def test_a_restarted_simulation_continues_only_its_own_job(tmp_path: Path) -> No
         _stop(job, stranger)
     assert restored == {JOB}, restored
     assert restored_marks == {JOB}, restored_marks
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [("none", "--sim-job needs a simulated source, not 'none'"), ("sim", "leads no session")],
+)
+def test_run_refuses_a_sim_job_it_cannot_prove(tmp_path: Path, source: str, message: str) -> None:
+    """`gpu-watchdog run --sim-job PID`: exit 2 with the reason, before any cycle, when the source is
+    not simulated or PID leads no session (any pid could be named; only a session is proof)."""
+    not_a_leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # our session
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpu_triage", "run", "--source", source,
+             "--sim-job", str(not_a_leader.pid), "--listen", "127.0.0.1:0",
+             "--state-dir", str(tmp_path / "state"), "--progress-dir", str(tmp_path / "progress")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        not_a_leader.kill()
+        not_a_leader.wait()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
