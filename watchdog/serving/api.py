@@ -543,10 +543,13 @@ def create_app(
     health = _health(snapshots, clock, max_age_s)
 
     app.add_middleware(HealthFirst, health=health)  # inside the Host check, before any body is read
+    policy = None
     if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
         from gpu_triage.serving.host_check import HostCheck, HostPolicy
 
-        app.add_middleware(HostCheck, policy=HostPolicy(allowed_hosts))
+        policy = HostPolicy(allowed_hosts)
+        app.add_middleware(HostCheck, policy=policy)
+    app.state.health_answer = _health_answer(health, policy)
     app.state.snapshots = snapshots
     app.state.auth = _Auth(token)
     app.state.control = control
@@ -556,6 +559,23 @@ def create_app(
     _add_read_routes(app, snapshots, events, table, health, exposition, metrics_registry)
     _add_control_routes(app, snapshots, control, clock)
     return app
+
+
+def _health_answer(
+    health: Callable[[], tuple[dict[str, Any], int]], policy: Any
+) -> Callable[[str | None], tuple[int, bytes]]:
+    """/healthz for the HTTP server's front door (serving.health_door): the Host check, then the
+    document, exactly as HostCheck and HealthFirst answer it on the event loop."""
+
+    def answer(host: str | None) -> tuple[int, bytes]:
+        if policy is not None and not policy.allows(host):
+            from gpu_triage.serving.host_check import MISDIRECTED_BODY
+
+            return 421, MISDIRECTED_BODY
+        document, status_code = health()
+        return status_code, _dumps(document)
+
+    return answer
 
 
 def _health(
