@@ -34,6 +34,7 @@ from gpu_triage.daemon.build import (
     detector_settings,
     make_actions,
     make_fleet,
+    make_health,
     make_ras,
     make_reader,
     make_sampler,
@@ -52,6 +53,7 @@ from gpu_triage.daemon.state_lock import StateLock
 from gpu_triage.daemon.summary import summary_line
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.clock import Clock, ClockStep, Timeline
+from gpu_triage.model.health import UNKNOWN_HEALTH, HealthLevel, NodeHealth
 from gpu_triage.model.samples import GpuSample, TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
 from gpu_triage.model.states import Mode, Verdict
@@ -115,6 +117,9 @@ class Daemon:
         self.stacks = make_sampler(config, self.clock)
         self.ras = make_ras(config, self.clock)
         self.fleet = make_fleet(config, self.clock)
+        self.health = make_health(config, source)
+        """The node health signal (signals/health): Xid, ECC, NVLink... into a NodeHealth per cycle."""
+        self._node_health: NodeHealth = UNKNOWN_HEALTH
         self._fleet_facts: tuple[JobFacts, ...] = ()
         self.progress = make_reader(config)
         self.inspector = ProcessInspector()
@@ -189,6 +194,7 @@ class Daemon:
                 "config": self.config.origin,
             },
         )
+        self.health.open()
         record.restore_timeline(self)
         record.restore_silences(self)
         record.restore_episodes(self)
@@ -238,6 +244,7 @@ class Daemon:
             self.store.close()
         self.stacks.close()
         self.fleet.close()
+        self.health.close()
         if self._state_lock is not None:
             self._state_lock.release()
             self._state_lock = None
@@ -316,6 +323,7 @@ class Daemon:
                 gpu=ch.gpu,
             )
         statuses = self.gpus.statuses()
+        self._observe_health(now)
         due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
         if due:
             self._last_process_s = now
@@ -369,11 +377,36 @@ class Daemon:
             fleet=self._fleet_facts,
             cluster=self.fleet.status(),
             clock_offset_s=(self._wall if self._wall is not None else now) - now,
+            node_health=self._node_health,
+            health=self.health.status(),
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
             self.on_cycle(snap)
         return snap
+
+    def _observe_health(self, now: float) -> None:
+        """The node verdict this cycle (signals/health); a change of the node's or a GPU's level is an
+        event."""
+        before = self._node_health
+        after = self.health.sample(now)
+        self._node_health = after
+        was = {g.gpu: g.level for g in before.gpus}
+        for g in after.gpus:
+            if g.level is not was.get(g.gpu, HealthLevel.HEALTHY):
+                self._event(
+                    "health",
+                    {
+                        "level": str(g.level),
+                        "from": str(was.get(g.gpu, HealthLevel.HEALTHY)),
+                        "pci_bus_id": g.pci_bus_id,
+                        "reasons": list(g.reasons),
+                    },
+                    now,
+                    gpu=g.gpu,
+                )
+        if after.level is not before.level:
+            self._event("health", {"node": str(after.level), "from": str(before.level)}, now)
 
     def _detect(
         self, now: float, samples: Sequence[GpuSample], statuses: Sequence[GpuStatus]
