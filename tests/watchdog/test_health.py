@@ -624,3 +624,55 @@ def test_nvml_events_never_block_the_cycle_and_ecc_and_lost_events_count(nvml_op
     assert reader.status()["events"] is True
     monitor.close()
     assert reader.status()["events"] is False and fake.event_sets[0].freed
+
+
+def test_the_docs_xid_table_is_the_catalog() -> None:
+    """docs/health.md's table is generated from the catalog: a changed entry must change the docs."""
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "health.md").read_text()
+    table = text.split("<!-- xid-table: generated from xid_catalog.toml -->\n", 1)[1].split(
+        "\n<!-- /xid-table -->"
+    )[0]
+    rows = table.splitlines()[2:]
+    expected = []
+    for c, e in sorted(catalog.load_catalog().items()):
+        nv = " / ".join(x for x in (e.nvidia_action, e.nvidia_investigation) if x) or "-"
+        expected.append(f"| {c} | {e.meaning} | {e.level} | {e.blame_word} | {e.action} | {nv} |")
+    assert rows == expected
+
+
+def test_the_status_command_shows_bus_ids_health_and_each_reason() -> None:
+    from gpu_triage.cli.status import render
+    from gpu_triage.model.health import node_health_dict
+
+    book = HealthBook(GPUS[:2])
+    book.add_event(HardwareEvent(FaultKind.XID, FaultSource.KERNEL_LOG, 1.0, gpu=1, xid=79))
+    gpus = [
+        {
+            "gpu": g,
+            "pci_bus_id": bus,
+            "model": "B300",
+            "state": "compute",
+            "power_w": 900.0,
+            "power_limit_w": 1100.0,
+        }
+        for g, bus in GPUS[:2]
+    ]
+    status = {
+        "node": "node-a",
+        "time": 1_700_000_000.0,
+        "gpus": gpus,
+        "jobs": [],
+        "node_health": node_health_dict(book.node_health(1.0)),
+    }
+    text = render(status, "http://x")
+    gpu_lines = [line for line in text.splitlines() if line.startswith(("GPU ", "0 ", "1 "))]
+    assert "PCI" in gpu_lines[0] and "HEALTH" in gpu_lines[0]
+    assert "00000000:43:00.0" in gpu_lines[2] and "unhealthy" in gpu_lines[2] and "healthy" in gpu_lines[1]
+    assert "Node health: unhealthy" in text
+    (reason,) = [line for line in text.splitlines() if "Xid 79" in line]
+    assert reason.split()[:5] == ["1", "unhealthy", "node", "drain_node", "1"]
+    # a daemon without the health signal (older) still renders
+    del status["node_health"]
+    assert "Node health" not in render(status, "http://x")
