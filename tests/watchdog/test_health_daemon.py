@@ -72,7 +72,7 @@ def test_xid_79_written_to_dev_kmsg_reaches_simulated_gpu_3_in_status_and_metric
         wait_for(lambda: httpx.get(f"{base}/healthz", timeout=2).status_code == 200, 60, "/healthz 200")
         first = httpx.get(f"{base}/status", timeout=2).json()
         assert [g["pci_bus_id"] for g in first["gpus"]][3] == bus3
-        assert first["node_health"]["readers"]["kernel_log"][0]["source"] == "kmsg"
+        assert first["signals"]["health"]["kernel_log"][0]["source"] == "kmsg"
         # Before the line, GPU 3 names no Xid (another test on this machine may have written others).
         gpu3 = first["node_health"]["gpus"][3]
         assert not any("Xid 79" in r for r in gpu3["reasons"]), gpu3
