@@ -676,3 +676,97 @@ def test_the_status_command_shows_bus_ids_health_and_each_reason() -> None:
     # a daemon without the health signal (older) still renders
     del status["node_health"]
     assert "Node health" not in render(status, "http://x")
+
+
+# -- in the daemon: the registered signal, every cycle ----------------------------------------------------
+
+
+def test_a_daemon_on_the_fake_nvml_publishes_the_node_verdict_every_cycle(tmp_path: Path) -> None:
+    """The registered ``health`` signal with the NVML health reader the daemon builds for an NVML
+    source: a row-remap failure on GPU 4 and an Xid 48 event on GPU 1 make the node unhealthy in the
+    snapshot with no job at all, and the change is an event."""
+    from gpu_triage.daemon.config import load_config, override
+    from gpu_triage.daemon.loop import Daemon
+
+    config = override(
+        load_config(None, {}),
+        {
+            "daemon.state_dir": str(tmp_path / "state"),
+            "progress.dir": str(tmp_path / "progress"),
+            "health.kernel_log": "off",
+            "health.poll_interval_s": 0.5,
+            "stacks.enabled": False,
+        },
+        origin="test",
+    )
+    fake = fake_nvml.row_remap(gpus=8, gpu=4, pending=False, failure=True)
+    source = NvmlSource(deadline_s=1.0, nvml=fake)
+    daemon = Daemon(config, source, serve_http=False)
+    daemon.start()
+    try:
+        snap = daemon.cycle(daemon.clock())
+        assert snap.jobs == () and snap.node_health.level is HealthLevel.UNHEALTHY
+        assert [f.kind for f in snap.node_health.gpu(4).findings] == [FaultKind.ROW_REMAP_FAILURE]
+        assert snap.gpus[4].pci_bus_id == snap.node_health.gpu(4).pci_bus_id == fake.boards[4].pci_bus_id
+        assert snap.signals["health"]["nvml"]["events"] is True
+        fake.inject_xid(1, 48)
+        deadline = time.monotonic() + 5
+        while not daemon.node_health.gpu(1).findings and time.monotonic() < deadline:
+            time.sleep(0.05)
+            snap = daemon.cycle(daemon.clock())
+        (xid,) = snap.node_health.gpu(1).findings
+        assert (xid.xid, xid.source, xid.action) == (48, FaultSource.NVML_EVENT, OperatorAction.DRAIN_NODE)
+        assert daemon.store is not None
+        events = [e for e in daemon.store.since(0, 1000) if e.kind == "health"]
+        assert any(e.gpu == 4 and e.payload["level"] == "unhealthy" for e in events), events
+    finally:
+        daemon.close()
+    assert fake.event_sets and fake.event_sets[0].freed
+
+
+def test_a_node_signal_that_raises_or_sets_a_foreign_field_is_reported_and_the_others_go_on() -> None:
+    from gpu_triage.daemon.config import Config
+    from gpu_triage.daemon.observe import SignalSet
+    from gpu_triage.signals.signal import SignalEnv, SignalKind
+
+    class Broken:
+        def __init__(self, settings: object, env: SignalEnv) -> None:
+            self.started = False
+
+        def start(self) -> None:
+            self.started = True
+
+        def node_facts(self, now: float) -> dict[str, object]:
+            raise RuntimeError("the driver is gone")
+
+        def contribute(self, now: float, jobs: object) -> dict[str, object]:
+            return {}
+
+        def status(self) -> dict[str, object]:
+            return {}
+
+        def reload(self, settings: object, env: SignalEnv) -> Broken:
+            return self
+
+        def close(self) -> None:
+            pass
+
+    class Sneaky(Broken):
+        def node_facts(self, now: float) -> dict[str, object]:
+            return {"mode": "kill"}
+
+    class Fine(Broken):
+        def node_facts(self, now: float) -> dict[str, object]:
+            return {"node_health": "ok"}
+
+    kinds = [
+        SignalKind("broken", "health", Broken, ("broken",)),
+        SignalKind("sneaky", "health", Sneaky, ("sneaky",)),
+        SignalKind("fine", "health", Fine, ("fine",)),
+    ]
+    signals = SignalSet(Config(), SignalEnv(), kinds)
+    signals.start()
+    assert all(s.started for s in signals.signals.values())  # type: ignore[attr-defined]
+    assert signals.node_facts(1.0) == {"node_health": "ok"}
+    assert signals.node_errors["broken"] == "RuntimeError: the driver is gone"
+    assert "not fields a signal may set" in signals.node_errors["sneaky"]

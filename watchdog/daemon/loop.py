@@ -254,13 +254,13 @@ class Daemon:
                 log.exception("closing actions")
         if self.http is not None:
             self.http.stop()
+        self.observer.close()  # before the source: the health signal's NVML reader uses its workers
         try:
             self.source.close()
         except Exception:
             log.exception("closing the telemetry source")
         if self.store is not None:
             self.store.close()
-        self.observer.close()
         if self._state_lock is not None:
             self._state_lock.release()
             self._state_lock = None
