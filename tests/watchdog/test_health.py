@@ -770,3 +770,39 @@ def test_a_node_signal_that_raises_or_sets_a_foreign_field_is_reported_and_the_o
     assert signals.node_facts(1.0) == {"node_health": "ok"}
     assert signals.node_errors["broken"] == "RuntimeError: the driver is gone"
     assert "not fields a signal may set" in signals.node_errors["sneaky"]
+
+
+def test_a_replayed_recording_and_its_kernel_log_file_give_the_node_verdict(tmp_path: Path) -> None:
+    """The replay source's GPUs carry the made-up bus ids (an nvidia-smi CSV names none); the
+    recording's kernel log, given as ``kernel_log_file``, is read from its start onto them."""
+    from gpu_triage.daemon.build import signal_env
+    from gpu_triage.daemon.config import load_config, override
+    from gpu_triage.signals.health.signal import HealthSignal
+    from gpu_triage.telemetry.bus_ids import sim_bus_id
+    from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
+    from gpu_triage.telemetry.replay import ReplaySource
+    from gpu_triage.telemetry.sim import Scenario
+
+    rec = tmp_path / "hang.csv"
+    write_nvsmi_csv(
+        rec, Scenario.symmetric_hang(5, 30, model="H100", gpus=4, power_limit_w=700.0), 10, rate_hz=1
+    )
+    log = tmp_path / "kern.log"
+    log.write_text(
+        "Dec  6 01:00:00 node kernel: [ 12.5] NVRM: Xid (PCI:0000:43:00): 95, pid=7, Uncontained: FBHUB\n"
+    )
+    source = ReplaySource(rec)
+    assert [g.pci_bus_id for g in source.gpus()] == [sim_bus_id(g) for g in range(4)]
+    assert source.sample(0.0)[1].pci_bus_id == sim_bus_id(1)
+    config = override(load_config(None, {}), {"health.kernel_log": "off", "health.kernel_log_file": str(log)})
+    signal = HealthSignal(config.health, signal_env(config, source, time.monotonic))
+    signal.start()
+    health = signal.node_facts(3.0)["node_health"]
+    (finding,) = health.gpu(1).findings  # type: ignore[attr-defined]
+    assert (finding.xid, finding.action, finding.level) == (
+        95,
+        OperatorAction.RESET_GPU,
+        HealthLevel.UNHEALTHY,
+    )
+    assert signal.status()["kernel_log"][0]["source"] == "file"
+    signal.close()

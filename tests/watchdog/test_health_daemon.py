@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpu_triage.telemetry.sim import sim_bus_id
+from gpu_triage.telemetry.bus_ids import sim_bus_id
 from tests.conftest import REPO
 from tests.watchdog.test_daemon import GPU_WATCHDOG, free_port, stop, wait_for, write_config
 
