@@ -785,7 +785,11 @@ def test_a_replayed_recording_and_its_kernel_log_file_give_the_node_verdict(tmp_
 
     rec = tmp_path / "hang.csv"
     write_nvsmi_csv(
-        rec, Scenario.symmetric_hang(5, 30, model="H100", gpus=4, power_limit_w=700.0), 10, rate_hz=1
+        rec,
+        Scenario.symmetric_hang(5, 30, model="H100", gpus=4, power_limit_w=700.0),
+        10,
+        rate_hz=1,
+        with_index=True,
     )
     log = tmp_path / "kern.log"
     log.write_text(
@@ -794,7 +798,9 @@ def test_a_replayed_recording_and_its_kernel_log_file_give_the_node_verdict(tmp_
     source = ReplaySource(rec)
     assert [g.pci_bus_id for g in source.gpus()] == [sim_bus_id(g) for g in range(4)]
     assert source.sample(0.0)[1].pci_bus_id == sim_bus_id(1)
-    config = override(load_config(None, {}), {"health.kernel_log": "off", "health.kernel_log_file": str(log)})
+    config = override(
+        load_config(None, {}), {"health.kernel_log": "off", "health.kernel_log_file": str(log)}, origin="test"
+    )
     signal = HealthSignal(config.health, signal_env(config, source, time.monotonic))
     signal.start()
     health = signal.node_facts(3.0)["node_health"]
