@@ -4,6 +4,7 @@ verdict from findings, and NVML health reads and events through the fake NVML (t
 from __future__ import annotations
 
 import errno
+import json
 import os
 import time
 from pathlib import Path
@@ -812,3 +813,85 @@ def test_a_replayed_recording_and_its_kernel_log_file_give_the_node_verdict(tmp_
     )
     assert signal.status()["kernel_log"][0]["source"] == "file"
     signal.close()
+
+
+def test_the_status_documents_node_health_matches_its_openapi_schema() -> None:
+    """/status with every kind of finding validates against StatusDoc (extra fields forbidden): the
+    OpenAPI description and the document cannot drift apart."""
+    from gpu_triage.model.snapshot import Snapshot
+    from gpu_triage.model.states import Mode
+    from gpu_triage.serving.api import NodeHealthDoc, StatusDoc, status_document
+
+    book = HealthBook(GPUS)
+    book.add_event(HardwareEvent(FaultKind.XID, FaultSource.KERNEL_LOG, 1.0, gpu=3, xid=79))
+    book.add_event(
+        HardwareEvent(FaultKind.XID, FaultSource.NVML_EVENT, 1.0, pci_bus_id="00000000:04:00.0", xid=4242)
+    )
+    book.add_readings(
+        [reading(0, remap_pending=True, throttle_reasons=0xE8, pcie_width=4, pcie_width_max=16)], 1.0
+    )
+    snapshot = Snapshot(
+        node="n", source="sim", mode=Mode.OBSERVE, armed=False, cycle=1, time=1.0, period_s=1.0,
+        node_health=book.node_health(1.0),
+    )  # fmt: skip
+    document = json.loads(json.dumps(status_document(snapshot)))
+    StatusDoc.model_validate(document)
+    NodeHealthDoc.model_validate(document["node_health"])
+    assert document["node_health"]["level"] == "unhealthy"
+    assert document["node_health"]["findings"][0]["xid"] == 4242
+
+
+def test_the_journal_fallback_reads_a_real_child_without_blocking_and_stops_it(tmp_path: Path) -> None:
+    """Where /dev/kmsg cannot be read, ``journalctl -k -f`` is the kernel log: a real child process
+    (a stand-in script with journalctl's output form) read from a non-blocking pipe, partial lines
+    kept, stopped at close."""
+    from gpu_triage.signals.health.kernel_log import JournalReader
+
+    script = tmp_path / "journalctl"
+    script.write_text(
+        "#!/bin/sh\n"
+        'echo "$@" > "$(dirname "$0")/args"\n'
+        "printf 'NVRM: Xid (PCI:0000:61:00): 79, pid=1, off the bus.\\nNVRM: Xid (PCI:0000:1b'\n"
+        "sleep 0.5\n"
+        "printf ':00): 13, Graphics Exception\\n'\n"
+        "exec sleep 60\n"
+    )
+    script.chmod(0o755)
+    reader = JournalReader(str(script))
+    try:
+        start = time.perf_counter()
+        lines: list[str] = reader.poll()  # whatever is there now (maybe nothing yet): never waits
+        assert time.perf_counter() - start < 0.5
+        deadline = time.monotonic() + 10
+        while len(lines) < 2 and time.monotonic() < deadline:
+            lines += reader.poll()
+            time.sleep(0.05)
+        assert [parse_line(line).xid for line in lines] == [79, 13]  # type: ignore[union-attr]
+        assert (tmp_path / "args").read_text().split() == ["-k", "-f", "-n", "0", "-o", "cat", "--no-pager"]
+        proc = reader._proc
+        assert proc is not None and proc.poll() is None
+    finally:
+        reader.close()
+    assert proc.poll() is not None  # stopped, not left behind
+
+
+def test_auto_falls_back_to_the_journal_when_dev_kmsg_cannot_be_opened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpu_triage.signals.health import kernel_log, monitor
+
+    def denied(*_args: object, **_kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    class Journal:
+        name = "journal"
+
+        def __init__(self) -> None:
+            pass
+
+    monkeypatch.setattr(kernel_log.KmsgReader, "__init__", denied)
+    monkeypatch.setattr(monitor, "JournalReader", Journal)
+    source, problem = monitor.open_kernel_log("auto")
+    assert isinstance(source, Journal) and problem is None
+    source, problem = monitor.open_kernel_log("kmsg")
+    assert source is None and problem == "/dev/kmsg: Permission denied"
