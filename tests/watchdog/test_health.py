@@ -895,3 +895,50 @@ def test_auto_falls_back_to_the_journal_when_dev_kmsg_cannot_be_opened(
     assert isinstance(source, Journal) and problem is None
     source, problem = monitor.open_kernel_log("kmsg")
     assert source is None and problem == "/dev/kmsg: Permission denied"
+
+
+def test_the_journal_child_dies_with_the_daemon(tmp_path: Path) -> None:
+    """A daemon killed outright (SIGKILL: no close) leaves no journalctl behind."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "journalctl"
+    script.write_text('#!/bin/sh\necho $$ > "$(dirname "$0")/pid"\nexec sleep 60\n')
+    script.chmod(0o755)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from gpu_triage.signals.health.kernel_log import JournalReader\n"
+            f"r = JournalReader({str(script)!r})\n"
+            "print('started', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "started"
+        pid_file = tmp_path / "pid"
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child = int(pid_file.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            status = (
+                Path(f"/proc/{child}/stat").read_text().split()[2] if Path(f"/proc/{child}").exists() else "X"
+            )
+            if status == "Z":
+                break  # dead, waiting for its new parent to reap it
+            time.sleep(0.05)
+        alive = Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
+        assert not alive, "journalctl outlived the daemon"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
