@@ -942,3 +942,20 @@ def test_the_journal_child_dies_with_the_daemon(tmp_path: Path) -> None:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_a_board_with_fewer_links_than_nvmls_maximum_is_probed_once_and_reads_clean(nvml_open) -> None:
+    """An A100 has 12 NVLinks, NVML's maximum is 18: link 12 answers InvalidArgument. That is the
+    board's link count, learnt once - not a read error every poll."""
+    fake = fake_nvml.basic(2)
+    for board in fake.boards:
+        board.nvlink_links = 12
+    _source, _reader, monitor = nvml_open(fake)
+    for t in (1.0, 2.0, 3.0):
+        health = monitor.sample(t)
+        assert not health.read_errors, health.read_errors
+    assert fake.calls_to("nvmlDeviceGetNvLinkState", 0) == 13 + 12 + 12
+    fake.boards[0].nvlink_down = {11}
+    (finding,) = monitor.sample(4.0).gpu(0).findings
+    assert finding.detail == "NVLink down: link 11"
+    monitor.close()
