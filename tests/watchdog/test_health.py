@@ -959,3 +959,18 @@ def test_a_board_with_fewer_links_than_nvmls_maximum_is_probed_once_and_reads_cl
     (finding,) = monitor.sample(4.0).gpu(0).findings
     assert finding.detail == "NVLink down: link 11"
     monitor.close()
+
+
+def test_an_xid_reported_by_both_nvml_and_the_kernel_log_counts_once() -> None:
+    """On an NVML node with a readable kernel log every Xid arrives twice: as an NVML event and as a
+    kernel line. The count is the most any one source saw, not the sum."""
+    book = HealthBook(GPUS)
+    for t in (1.0, 5.0):
+        book.add_event(HardwareEvent(FaultKind.XID, FaultSource.NVML_EVENT, t, gpu=2, xid=48))
+        book.add_event(
+            HardwareEvent(FaultKind.XID, FaultSource.KERNEL_LOG, t + 0.5, pci_bus_id=GPUS[2][1], xid=48)
+        )
+    health = book.node_health(6.0)
+    (finding,) = health.gpu(2).findings
+    assert finding.count == 2 and finding.last_seen == 5.5
+    assert [(x.gpu, x.xid, x.count) for x in health.xid_totals] == [(2, 48, 2)]
