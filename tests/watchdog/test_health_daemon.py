@@ -121,6 +121,9 @@ def test_xid_79_written_to_dev_kmsg_reaches_simulated_gpu_3_in_status_and_metric
         code = stop(proc)
         out = proc.stdout.read() if proc.stdout else ""
     assert code == 0, out[-3000:]
+    assert f"health: GPU 3 ({bus3}) healthy -> unhealthy: Xid 79: GPU has fallen off the bus" in out, out[
+        -3000:
+    ]
 
 
 @pytest.mark.slow

@@ -441,6 +441,15 @@ class Daemon:
             if g.level is not old:
                 payload = {"level": str(g.level), "from": str(old), "pci_bus_id": g.pci_bus_id}
                 self._event("health", {**payload, "reasons": list(g.reasons)}, now, gpu=g.gpu)
+                log.log(
+                    logging.WARNING if g.level is not HealthLevel.HEALTHY else logging.INFO,
+                    "health: GPU %s (%s) %s -> %s%s",
+                    g.gpu,
+                    g.pci_bus_id or "bus unknown",
+                    old,
+                    g.level,
+                    f": {'; '.join(g.reasons[:3])}" if g.reasons else "",
+                )
         if after.level is not before.level:
             self._event("health", {"node": str(after.level), "from": str(before.level)}, now)
 
