@@ -11,6 +11,7 @@ Times are points on the daemon's monotonic timeline (``model.clock``), like ever
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -181,6 +182,7 @@ UNKNOWN_HEALTH = NodeHealth(level=HealthLevel.HEALTHY)
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
+@functools.lru_cache(maxsize=1024)
 def pci_key(text: str | None) -> tuple[int, int, int] | None:
     """``(domain, bus, device)`` of a PCI address in any form NVML or the kernel log writes it.
 
@@ -207,6 +209,7 @@ def pci_key(text: str | None) -> tuple[int, int, int] | None:
     return int(domain, 16), int(bus, 16), int(device, 16)
 
 
+@functools.lru_cache(maxsize=1024)
 def canonical_bus_id(text: str | None) -> str | None:
     """NVML's spelling, ``00000000:1B:00.0``, of any form :func:`pci_key` reads (None if unreadable)."""
     key = pci_key(text)
