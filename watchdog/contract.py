@@ -24,7 +24,7 @@ restarted watchdog) can only date the frozen step right from ``step_time``. Read
 them ignore them; without them a reader falls back to ``time``.
 
 Who uses this module: the daemon's reader (``gpu_triage.signals.progress``) takes its field names, phases and
-limits from here; this project's trainer (``ft_trainer.progress`` re-exports the writer) and the
+limits from here; this project's trainer (``ft_trainer.train``) and the
 framework integrations (``gpu_triage.integrations``) write through :class:`ProgressWriter`.
 
 It imports nothing but the standard library: the base install (no dependencies) puts it into any
@@ -43,7 +43,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -190,6 +189,14 @@ class LeaseEstimator:
 # ------------------------------------------------------------------------------------------- writer
 
 
+def _hostname() -> str:
+    """This node's name, as the daemon compares it (``socket`` is loaded only by a writer, so that the
+    daemon's pure readers of these constants load no networking)."""
+    import socket
+
+    return socket.gethostname()
+
+
 class ProgressWriter:
     """Writes one rank's progress file. Cheap to call every step; thread-safe (a flusher thread may
     write beside the training thread). See the module docstring.
@@ -244,7 +251,7 @@ class ProgressWriter:
             "local_rank": local_rank,
             "world_size": world_size,
             "pid": self._owner_pid if pid is None else pid,
-            "host": socket.gethostname() if host is None else host,
+            "host": _hostname() if host is None else host,
             "step": 0,
             "epoch": 0,
             "tokens": 0,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpu_triage.model.states import Verdict
-from gpu_triage.verdicts.detector import DetectorConfig
+from gpu_triage.verdicts.settings import DetectorConfig
 from tests.corpus.harness import Case, Expect, SimRank, World
 
 JOB = "qwen3-32b-ft"

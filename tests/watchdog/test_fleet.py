@@ -28,8 +28,9 @@ from gpu_triage.signals.fleet.prom_client import PromClient, PromError, parse_ve
 from gpu_triage.signals.fleet.remote import RemoteFacts, Sample, job_query, remote_facts
 from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import StackSummary, group_key
-from gpu_triage.signals.stacks.evidence import stack_facts
-from gpu_triage.verdicts.detector import Detector, GpuView, JobView, RankView
+from gpu_triage.signals.stacks.stack_facts import stack_facts
+from gpu_triage.verdicts.detector import Detector
+from gpu_triage.verdicts.views import GpuView, JobView, RankView
 from tests.watchdog.test_stacks import ALLREDUCE, BARRIER, SAVING, _rank
 
 CFG = FusionConfig(stale_after_s=15.0, frozen_s=20.0, fresh_s=30.0)

@@ -17,7 +17,7 @@ from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.daemon.observe import Observer, SignalSet
-from gpu_triage.serving.api import status_document
+from gpu_triage.serving.api import StatusDoc, status_document
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.nccl_ras.poller import RasConfig
 from gpu_triage.signals.registry import signal_kinds
@@ -109,6 +109,7 @@ def test_a_registered_signal_is_built_run_reported_reloaded_and_closed(tmp_path:
         assert snap.signals["probe"] == {"min_interval_s": 60.0, "calls": 1}
         doc = status_document(snap)
         assert doc["signals"]["probe"]["calls"] == 1
+        StatusDoc.model_validate(doc)  # the documented /status shape (OpenAPI) holds it
         assert doc["stacks"]["state"] and "polls_total" in doc["stacks"]["nccl_ras"]
         assert "queries_total" in doc["cluster"] or doc["cluster"]["prometheus_url"] is None
 

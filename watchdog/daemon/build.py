@@ -28,6 +28,7 @@ from gpu_triage.serving.publish import SnapshotHolder
 from gpu_triage.signals.signal import SignalEnv
 
 if TYPE_CHECKING:
+    from gpu_triage.actions.interface import Actions
     from gpu_triage.serving.http_server import HttpServer
 
 log = logging.getLogger("gpu_watchdog")
@@ -118,23 +119,28 @@ def take_state_lock(state_dir: Path) -> StateLock | None:
 
 def make_actions(
     config: Config, store: EventStore | None, state_dir: Path, node: str, clock: Callable[[], float]
-) -> Any:
+) -> Actions | None:
     """The action engine (alerts, kill ladder), or None without a store (its outbox and kill budget
     live there)."""
+    from gpu_triage.actions.config import EngineConfig
     from gpu_triage.actions.engine import ActionEngine
+    from gpu_triage.actions.ports import EnginePorts
 
     if store is None:
         return None
     return ActionEngine(
-        actions=config.actions,
-        alerts=config.alerts,
-        store=store,
-        state_dir=state_dir,
-        node=node,
-        generator_url=f"http://{config.daemon.listen}/status",
-        max_bundles=config.evidence.max_bundles,
-        evidence_retention_s=config.evidence.retention_days * 86400.0,
-        clock=clock,
+        EngineConfig(
+            node=node,
+            state_dir=state_dir,
+            actions=config.actions,
+            evidence=config.evidence,
+            alerts=config.alerts,
+            ras=config.ras,
+            stacks=config.stacks,
+            generator_url=f"http://{config.daemon.listen}/status",
+        ),
+        store,
+        EnginePorts(clock=clock),
     )
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
+from gpu_triage.actions.interface import Actions, Cycle
 from gpu_triage.daemon.build import (
     check_token,
     make_actions,
@@ -85,7 +86,7 @@ class Daemon:
         clock: Clock | None = None,
         serve_http: bool = True,
         on_cycle: Callable[[Snapshot], None] | None = None,
-        actions: Any | None = None,
+        actions: Actions | None = None,
         overrides: dict[str, Any] | None = None,
     ) -> None:
         """``overrides``: the command-line values applied over the file (re-applied on reload)."""
@@ -370,13 +371,15 @@ class Daemon:
         if self.actions is not None and due:
             try:
                 self.actions.on_cycle(
-                    now,
-                    mode=self.mode,
-                    jobs=self._jobs,
-                    processes=self.observer.processes,
-                    gpus=statuses,
-                    silences=self.control.silences,
-                    progress_dir=cfg.progress.dir,
+                    Cycle(
+                        now,
+                        self.mode,
+                        jobs=self._jobs,
+                        processes=self.observer.processes,
+                        gpus=statuses,
+                        silences=self.control.silences,
+                        progress_dir=cfg.progress.dir,
+                    )
                 )
                 self.health.actions_ran(None)
             except Exception as e:
@@ -413,7 +416,7 @@ class Daemon:
                 "failed_cycles_total": float(self.stats.failed),
                 "degraded_cycles_total": float(self.health.degraded_cycles + self.stats.failed),
             },
-            actions=dict(getattr(self.actions, "counters", {}) or {}),
+            actions=self.actions.counters if self.actions is not None else {},
             version=__version__,
             untrusted_progress_files=self.observer.untrusted,
             input_errors=input_errors,
@@ -465,7 +468,7 @@ class Daemon:
             statuses,
             wall=self._wall,
             verdicts=self.recorder.verdicts,
-            signalled=getattr(self.actions, "signalled_pids", None),
+            signalled=self.actions.signalled_pids if self.actions is not None else None,
         )
         results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
         self.recorder.persist_episode_state(now, self.observer.progress.tracker, self.detector)

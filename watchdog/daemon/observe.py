@@ -25,9 +25,9 @@ from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import ENDED_VERDICTS, Verdict
 from gpu_triage.signals.fleet.facts import JobFacts, local_facts, spin_since_by_gpu
 from gpu_triage.signals.pods import PodResolver
-from gpu_triage.signals.processes import ProcessInspector
+from gpu_triage.signals.processes import ProcessInspector, ProcessView
 from gpu_triage.signals.progress import ProgressReader, ProgressView
-from gpu_triage.signals.rank_process import ProcessView, ProgressClaim, RankProcess
+from gpu_triage.signals.ranks import ProgressClaim, RankProcess
 from gpu_triage.signals.registry import signal_kinds
 from gpu_triage.signals.signal import NODE_FIELDS, Contribution, JobSight, Signal, SignalEnv, SignalKind
 from gpu_triage.verdicts.fusion import job_views

@@ -28,8 +28,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
 
 MAX_ANCESTRY = 6
 """How many parents up a rank's ``slurmstepd`` may be (a launcher and a shell or two sit between)."""
@@ -193,6 +195,8 @@ def _step_of(f: SlurmRankFacts) -> str | None:
 
 def read_facts(pid: int, proof: Sequence[str], uid: int | None = None) -> SlurmRankFacts:
     """The Slurm facts of one rank process; a vanished or unreadable process gives empty facts."""
+    import psutil  # here, not at the top: the pure identity rules above are read without it
+
     environ: SlurmIdentity | None = None
     readable = True
     try:
@@ -212,6 +216,8 @@ def read_facts(pid: int, proof: Sequence[str], uid: int | None = None) -> SlurmR
 
 def _stepd_parent(proc: psutil.Process | None) -> SlurmIdentity | None:
     """The identity in the title of the nearest root-owned ``slurmstepd`` among the parents."""
+    import psutil
+
     try:
         current = proc.parent() if proc is not None else None
         for _ in range(MAX_ANCESTRY):

@@ -30,7 +30,7 @@ from typing import Any
 
 from gpu_triage.signals.fleet.facts import JobFacts
 from gpu_triage.signals.fleet.remote import RemoteFacts
-from gpu_triage.signals.stacks.evidence import StackFacts
+from gpu_triage.signals.stacks.stack_facts import StackFacts
 
 SAVE_OR_EVAL = frozenset({"checkpoint", "eval"})
 MAX_NAMED = 16
