@@ -35,12 +35,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpu_triage import __version__
 from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, SilenceBook
-from gpu_triage.model.health import Blame, HealthLevel, OperatorAction, node_health_dict
+from gpu_triage.model.health import node_health_dict
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.control import Control, ControlRefused, EventsReader
 from gpu_triage.serving.evidence_doc import EvidenceDoc
+from gpu_triage.serving.health_doc import NodeHealthDoc
 from gpu_triage.serving.metrics import MetricsExposition, render
 from gpu_triage.serving.publish import SnapshotHolder
 
@@ -181,37 +182,6 @@ class GpuDoc(_Doc):
     pci_bus_id: str | None = Field(
         default=None, description="NVML bus id (00000000:1B:00.0); the kernel log names GPUs by it"
     )
-
-
-class HealthFindingDoc(_Doc):
-    kind: str = Field(description="xid, gpu_lost, fallen_off_bus, ecc_uncorrectable, row_remap_failure, ...")
-    level: HealthLevel
-    blame: Blame = Field(description="Whom the finding blames: job (application), node, network, unknown")
-    action: OperatorAction = Field(description="What the operator should do (the Xid catalog's action)")
-    detail: str = Field(description="Human words: 'Xid 79: GPU has fallen off the bus'")
-    source: str = Field(description="nvml_event, nvml_poll or kernel_log")
-    gpu: int | None
-    pci_bus_id: str | None
-    xid: int | None
-    count: int = Field(description="Sightings while held")
-    first_seen: float
-    last_seen: float
-
-
-class GpuHealthDoc(_Doc):
-    gpu: int
-    pci_bus_id: str | None
-    level: HealthLevel
-    reasons: list[str] = Field(description="The findings' details, worst first")
-    findings: list[HealthFindingDoc]
-
-
-class NodeHealthDoc(_Doc):
-    level: HealthLevel = Field(description="The node verdict: the worst GPU or node-wide finding")
-    gpus: list[GpuHealthDoc]
-    findings: list[HealthFindingDoc] = Field(description="Node-wide findings (a bus id of no known GPU)")
-    read_errors: list[str] = Field(description="Health reads that failed this cycle")
-    xid_totals: list[dict[str, Any]] = Field(description="Xids seen since start: gpu, pci_bus_id, xid, count")
 
 
 class JobDoc(_Doc):

@@ -192,128 +192,19 @@ class HealthBook:
         )
 
     def _states(self, r: GpuHealthReading) -> list[HardwareFinding]:
-        out: list[HardwareFinding] = []
-        f = self._finding
+        """The states one poll reads: a lost GPU alone, else memory, throttling, PCIe and links."""
         if r.lost:
-            out.append(
-                f(
-                    r,
-                    FaultKind.GPU_LOST,
-                    HealthLevel.UNHEALTHY,
-                    OperatorAction.DRAIN_NODE,
-                    "GPU is lost (NVML)",
-                )
-            )
-            return out
-        if r.remap_failure:
-            out.append(
-                f(
-                    r,
-                    FaultKind.ROW_REMAP_FAILURE,
-                    HealthLevel.UNHEALTHY,
-                    OperatorAction.DRAIN_NODE,
-                    "row remapping failed",
-                )
-            )
-        if r.remap_pending:
-            out.append(
-                f(
-                    r,
-                    FaultKind.ROW_REMAP_PENDING,
-                    HealthLevel.DEGRADED,
-                    OperatorAction.RESET_GPU,
-                    "row remap pending (reset the GPU to apply)",
-                )
-            )
-        if r.retired_pages_pending:
-            out.append(
-                f(
-                    r,
-                    FaultKind.RETIRED_PAGES_PENDING,
-                    HealthLevel.DEGRADED,
-                    OperatorAction.RESET_GPU,
-                    "retired pages pending (reset the GPU to apply)",
-                )
-            )
-        reasons = r.throttle_reasons or 0
-        if reasons & THROTTLE_HW_SLOWDOWN:
-            out.append(
-                f(
-                    r,
-                    FaultKind.THROTTLE_HW_SLOWDOWN,
-                    HealthLevel.DEGRADED,
-                    OperatorAction.NONE,
-                    "clocks throttled: hardware slowdown",
-                )
-            )
-        if reasons & (THROTTLE_HW_THERMAL | THROTTLE_SW_THERMAL):
-            out.append(
-                f(
-                    r,
-                    FaultKind.THROTTLE_THERMAL,
-                    HealthLevel.DEGRADED,
-                    OperatorAction.NONE,
-                    "clocks throttled: thermal",
-                )
-            )
-        if reasons & THROTTLE_HW_POWER_BRAKE:
-            out.append(
-                f(
-                    r,
-                    FaultKind.THROTTLE_POWER_BRAKE,
-                    HealthLevel.DEGRADED,
-                    OperatorAction.NONE,
-                    "clocks throttled: power brake",
-                )
-            )
+            return [self._finding(r, *_LOST)]
+        out = [self._finding(r, *judged) for judged in _memory_states(r) + _throttle_states(r)]
         if r.pcie_width is not None and r.pcie_width_max and r.pcie_width < r.pcie_width_max:
-            gen = ""
-            if r.pcie_gen is not None and r.pcie_gen_max:
-                gen = f", gen {r.pcie_gen} of {r.pcie_gen_max}"
-            out.append(
-                f(
-                    r,
-                    FaultKind.PCIE_DEGRADED,
-                    HealthLevel.DEGRADED,
-                    OperatorAction.NONE,
-                    f"PCIe x{r.pcie_width} of x{r.pcie_width_max}{gen}",
-                )
+            gen = (
+                f", gen {r.pcie_gen} of {r.pcie_gen_max}" if r.pcie_gen is not None and r.pcie_gen_max else ""
             )
-        if r.nvlink_links_down:
-            links = ", ".join(str(link) for link in r.nvlink_links_down[:18])
+            detail = f"PCIe x{r.pcie_width} of x{r.pcie_width_max}{gen}"
             out.append(
-                f(
-                    r,
-                    FaultKind.NVLINK_DOWN,
-                    HealthLevel.UNHEALTHY,
-                    OperatorAction.CHECK_FABRIC,
-                    f"NVLink down: link {links}",
-                    Blame.NETWORK,
-                )
+                self._finding(r, FaultKind.PCIE_DEGRADED, HealthLevel.DEGRADED, OperatorAction.NONE, detail)
             )
-        if r.fabric_state is not None and r.fabric_state != FABRIC_NOT_SUPPORTED:
-            if r.fabric_state != FABRIC_COMPLETED:
-                out.append(
-                    f(
-                        r,
-                        FaultKind.FABRIC,
-                        HealthLevel.DEGRADED,
-                        OperatorAction.CHECK_FABRIC,
-                        f"fabric registration not completed (state {r.fabric_state})",
-                        Blame.NETWORK,
-                    )
-                )
-            elif r.fabric_status not in (None, 0):
-                out.append(
-                    f(
-                        r,
-                        FaultKind.FABRIC,
-                        HealthLevel.UNHEALTHY,
-                        OperatorAction.CHECK_FABRIC,
-                        f"fabric registration failed (status {r.fabric_status})",
-                        Blame.NETWORK,
-                    )
-                )
+        out.extend(self._finding(r, *judged, Blame.NETWORK) for judged in _fabric_states(r))
         return out
 
     def _counter_findings(self, r: GpuHealthReading) -> list[HardwareFinding]:
@@ -406,6 +297,68 @@ class HealthBook:
                 )
             ),
         )
+
+
+_Judged = tuple[FaultKind, HealthLevel, OperatorAction, str]
+_LOST: _Judged = (FaultKind.GPU_LOST, HealthLevel.UNHEALTHY, OperatorAction.DRAIN_NODE, "GPU is lost (NVML)")
+
+
+def _memory_states(r: GpuHealthReading) -> list[_Judged]:
+    out: list[_Judged] = []
+    if r.remap_failure:
+        out.append(
+            (
+                FaultKind.ROW_REMAP_FAILURE,
+                HealthLevel.UNHEALTHY,
+                OperatorAction.DRAIN_NODE,
+                "row remapping failed",
+            )
+        )
+    if r.remap_pending:
+        detail = "row remap pending (reset the GPU to apply)"
+        out.append((FaultKind.ROW_REMAP_PENDING, HealthLevel.DEGRADED, OperatorAction.RESET_GPU, detail))
+    if r.retired_pages_pending:
+        detail = "retired pages pending (reset the GPU to apply)"
+        out.append((FaultKind.RETIRED_PAGES_PENDING, HealthLevel.DEGRADED, OperatorAction.RESET_GPU, detail))
+    return out
+
+
+def _throttle_states(r: GpuHealthReading) -> list[_Judged]:
+    reasons = r.throttle_reasons or 0
+    judged = (
+        (THROTTLE_HW_SLOWDOWN, FaultKind.THROTTLE_HW_SLOWDOWN, "clocks throttled: hardware slowdown"),
+        (THROTTLE_HW_THERMAL | THROTTLE_SW_THERMAL, FaultKind.THROTTLE_THERMAL, "clocks throttled: thermal"),
+        (THROTTLE_HW_POWER_BRAKE, FaultKind.THROTTLE_POWER_BRAKE, "clocks throttled: power brake"),
+    )
+    return [
+        (kind, HealthLevel.DEGRADED, OperatorAction.NONE, detail)
+        for bits, kind, detail in judged
+        if reasons & bits
+    ]
+
+
+def _fabric_states(r: GpuHealthReading) -> list[_Judged]:
+    """NVLinks that went down, and the fabric registration (NVL systems): network findings."""
+    out: list[_Judged] = []
+    if r.nvlink_links_down:
+        links = ", ".join(str(link) for link in r.nvlink_links_down[:18])
+        out.append(
+            (
+                FaultKind.NVLINK_DOWN,
+                HealthLevel.UNHEALTHY,
+                OperatorAction.CHECK_FABRIC,
+                f"NVLink down: link {links}",
+            )
+        )
+    if r.fabric_state is None or r.fabric_state == FABRIC_NOT_SUPPORTED:
+        return out
+    if r.fabric_state != FABRIC_COMPLETED:
+        detail = f"fabric registration not completed (state {r.fabric_state})"
+        out.append((FaultKind.FABRIC, HealthLevel.DEGRADED, OperatorAction.CHECK_FABRIC, detail))
+    elif r.fabric_status not in (None, 0):
+        detail = f"fabric registration failed (status {r.fabric_status})"
+        out.append((FaultKind.FABRIC, HealthLevel.UNHEALTHY, OperatorAction.CHECK_FABRIC, detail))
+    return out
 
 
 def _rise(before: int | None, now: int | None) -> int:
