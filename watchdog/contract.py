@@ -189,14 +189,6 @@ class LeaseEstimator:
 # ------------------------------------------------------------------------------------------- writer
 
 
-def _hostname() -> str:
-    """This node's name, as the daemon compares it (``socket`` is loaded only by a writer, so that the
-    daemon's pure readers of these constants load no networking)."""
-    import socket
-
-    return socket.gethostname()
-
-
 class ProgressWriter:
     """Writes one rank's progress file. Cheap to call every step; thread-safe (a flusher thread may
     write beside the training thread). See the module docstring.
@@ -251,7 +243,7 @@ class ProgressWriter:
             "local_rank": local_rank,
             "world_size": world_size,
             "pid": self._owner_pid if pid is None else pid,
-            "host": _hostname() if host is None else host,
+            "host": os.uname().nodename if host is None else host,
             "step": 0,
             "epoch": 0,
             "tokens": 0,
