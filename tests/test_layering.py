@@ -195,33 +195,14 @@ def module_names(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
     return out
 
 
-def load_time_nodes(tree: ast.AST) -> list[ast.AST]:
-    """The nodes that run when the module is imported: not the bodies of functions, nor what sits
-    under ``if TYPE_CHECKING:``."""
-    out: list[ast.AST] = []
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        out.append(node)
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                continue
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                todo.extend(child.orelse)
-                continue
-            todo.append(child)
-    return out
-
-
-def module_graph(package_dir: Path = PACKAGE_DIR, *, load_time: bool = False) -> dict[str, set[str]]:
-    """Which of the package's modules each module imports (``from pkg import mod`` is an import of
-    ``pkg.mod``): every import, lazy and TYPE_CHECKING ones included, or with ``load_time`` only those
-    that run when the module is imported."""
+def module_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
+    """Which of the package's modules each module imports (every import, lazy and TYPE_CHECKING
+    ones included; ``from pkg import mod`` is an import of ``pkg.mod``)."""
     modules = module_names(package_dir)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        for node in load_time_nodes(tree) if load_time else ast.walk(tree):
+        for node in ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -291,21 +272,13 @@ def test_the_circle_checker_catches_a_circle(tmp_path):
 
 
 def io_reached(graph: dict[str, set[str]], package_dir: Path = PACKAGE_DIR) -> dict[str, list[str]]:
-    """For each module, the I/O libraries importing it loads through the package's own modules
-    (``graph``: their load-time imports), each as ``lib via a -> b``."""
-    modules = module_names(package_dir)
-    direct: dict[str, set[str]] = {}
-    for module, path in modules.items():
-        for node in load_time_nodes(ast.parse(path.read_text(), filename=str(path))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            for name in names:
-                direct.setdefault(module, set()).update(
-                    lib for lib in IO_LIBRARIES if name == lib or name.startswith(lib + ".")
-                )
+    """For each module, the I/O libraries it loads directly or through the package's own modules
+    (each as ``lib via a -> b``)."""
+    direct: dict[str, set[str]] = {m: set() for m in graph}
+    for imp in all_imports(package_dir):
+        for lib in IO_LIBRARIES:
+            if imp.target == lib or imp.target.startswith(lib + "."):
+                direct.setdefault(imp.module, set()).add(lib)
     out: dict[str, list[str]] = {}
     for start in graph:
         seen = {start: [start]}
@@ -313,8 +286,7 @@ def io_reached(graph: dict[str, set[str]], package_dir: Path = PACKAGE_DIR) -> d
         found: list[str] = []
         while queue:
             m = queue.pop(0)
-            if m != start:  # the module's own imports: the direct rule (every import) judges them
-                found += [f"{lib} via {' -> '.join(seen[m])}" for lib in sorted(direct.get(m, ()))]
+            found += [f"{lib} via {' -> '.join(seen[m])}" for lib in sorted(direct.get(m, ()))]
             for nxt in sorted(graph.get(m, ())):
                 if nxt not in seen:
                     seen[nxt] = [*seen[m], nxt]
@@ -324,8 +296,7 @@ def io_reached(graph: dict[str, set[str]], package_dir: Path = PACKAGE_DIR) -> d
 
 
 def transitive_purity_violations(package_dir: Path = PACKAGE_DIR) -> list[str]:
-    """Pure modules that load an I/O library when imported, through another module of the package."""
-    graph = module_graph(package_dir, load_time=True)
+    graph = module_graph(package_dir)
     problems = []
     for module, found in io_reached(graph, package_dir).items():
         pure = subpackage(module) in PURE_PACKAGES or module in PURE_MODULES
@@ -336,8 +307,7 @@ def transitive_purity_violations(package_dir: Path = PACKAGE_DIR) -> list[str]:
 
 def test_pure_layers_load_no_io_library_through_other_modules():
     """The purity rule follows imports: a pure module importing a module that imports psutil loads
-    psutil as surely as importing it itself (what loads at import time counts: a function of a
-    module it imports may import one lazily, for what the pure module never calls)."""
+    psutil as surely as importing it itself."""
     problems = transitive_purity_violations()
     assert not problems, "\n".join(problems)
 

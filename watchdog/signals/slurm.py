@@ -27,10 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import psutil
+import psutil
 
 from gpu_triage.signals.slurm_identity import (
     SlurmIdentity,
@@ -148,8 +146,6 @@ def _step_of(f: SlurmRankFacts) -> str | None:
 
 def read_facts(pid: int, proof: Sequence[str], uid: int | None = None) -> SlurmRankFacts:
     """The Slurm facts of one rank process; a vanished or unreadable process gives empty facts."""
-    import psutil  # here, not at the top: the pure identity rules above are read without it
-
     environ: SlurmIdentity | None = None
     readable = True
     try:
@@ -169,8 +165,6 @@ def read_facts(pid: int, proof: Sequence[str], uid: int | None = None) -> SlurmR
 
 def _stepd_parent(proc: psutil.Process | None) -> SlurmIdentity | None:
     """The identity in the title of the nearest root-owned ``slurmstepd`` among the parents."""
-    import psutil
-
     try:
         current = proc.parent() if proc is not None else None
         for _ in range(MAX_ANCESTRY):
