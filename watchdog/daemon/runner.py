@@ -36,6 +36,9 @@ class RunOptions:
     kernel_log_file: Path | None = None
     """A kernel log FILE for the health signal (``[health] kernel_log_file``): a replay's, or lines
     fed to a simulation."""
+    sim_job: int | None = None
+    """A ``sim`` source's simulated job: its launcher's pid, a session leader. The daemon judges that
+    session's processes and no other process of the machine (None: no process at all)."""
 
     def overrides(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -107,6 +110,14 @@ def run_daemon(options: RunOptions) -> int:
         return 2
     if options.sim_start_s is not None and hasattr(source, "start_s"):
         source.start_s = options.sim_start_s
+    if options.sim_job is not None:
+        if not hasattr(source, "job_session"):
+            print(
+                f"gpu-watchdog run: --sim-job needs a simulated source, not {source.name!r}", file=sys.stderr
+            )
+            source.close()
+            return 2
+        source.job_session = options.sim_job
     last_print = [0.0]
 
     def print_summary(snap: Snapshot) -> None:
@@ -114,13 +125,18 @@ def run_daemon(options: RunOptions) -> int:
             last_print[0] = snap.time
             print(summary_line(snap), flush=True)
 
-    daemon = Daemon(
-        config,
-        source,
-        config_path=path,
-        on_cycle=print_summary if options.summary else None,
-        overrides=flags,
-    )
+    try:
+        daemon = Daemon(
+            config,
+            source,
+            config_path=path,
+            on_cycle=print_summary if options.summary else None,
+            overrides=flags,
+        )
+    except ValueError as e:  # the simulated job's session (process_scope)
+        print(f"gpu-watchdog run: {e}", file=sys.stderr)
+        source.close()
+        return 2
     try:
         daemon.start()
     except PortInUseError as e:
