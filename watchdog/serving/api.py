@@ -35,11 +35,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpu_triage import __version__
 from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, SilenceBook
+from gpu_triage.model.health import node_health_dict
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.control import Control, ControlRefused, EventsReader
 from gpu_triage.serving.evidence_doc import EvidenceDoc
+from gpu_triage.serving.health_doc import NodeHealthDoc
 from gpu_triage.serving.metrics import MetricsExposition, render
 from gpu_triage.serving.publish import SnapshotHolder
 
@@ -79,6 +81,7 @@ GPU_FIELDS = (
     "temperature_c",
     "sm_clock_mhz",
     "read_errors_total",
+    "pci_bus_id",
 )
 JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause")
 RANK_FIELDS = ("rank", "pid", "gpu", "step", "phase", "lease_until", "alive", "process_status")
@@ -121,6 +124,7 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
     document["stacks"] = jsonable(snapshot.stacks)
     document["cluster"] = jsonable(snapshot.cluster)
+    document["node_health"] = jsonable(node_health_dict(snapshot.node_health))
     if snapshot.signals:
         document["signals"] = jsonable(snapshot.signals)
     return document
@@ -175,6 +179,9 @@ class GpuDoc(_Doc):
     temperature_c: float | None
     sm_clock_mhz: float | None
     read_errors_total: int
+    pci_bus_id: str | None = Field(
+        default=None, description="NVML bus id (00000000:1B:00.0); the kernel log names GPUs by it"
+    )
 
 
 class JobDoc(_Doc):
@@ -237,6 +244,11 @@ class StatusDoc(_Doc):
         default_factory=dict,
         description="The status of each further registered signal, by name (gpu_triage.signals.registry); "
         "absent when there is none beyond stacks, nccl_ras and cluster",
+    )
+    node_health: NodeHealthDoc | None = Field(
+        default=None,
+        description="The node verdict (docs/health.md): healthy, degraded or unhealthy, per GPU with the "
+        "findings behind it (Xid, ECC, row remap, NVLink, throttle, PCIe, GPU lost)",
     )
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
+from gpu_triage.telemetry.bus_ids import sim_bus_id
 from gpu_triage.telemetry.scenarios import DEFAULT_SCENARIO
 from gpu_triage.telemetry.sim_scenario import (
     JOB_PHASES,
@@ -133,6 +134,7 @@ class SimSource:
                 uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpu-triage/sim/{sc.name}/{self.seed}/{g}')}",
                 power_limit_w=sc.power_limit_w,
                 memory_total_bytes=sc.memory_total_bytes,
+                pci_bus_id=sim_bus_id(g),
             )
             for g in range(self.gpu_count)
         ]
@@ -218,6 +220,7 @@ class SimSource:
                 pids=pids.get(g, ()),
                 uuid=info.uuid,
                 name=info.name,
+                pci_bus_id=info.pci_bus_id,
             )
             for g, info in enumerate(self._infos)
         ]
