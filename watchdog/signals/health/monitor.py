@@ -58,7 +58,7 @@ class HealthConfig:
     kernel_log: str = setting(
         "auto",
         parse=choice(*KERNEL_LOG_CHOICES),
-        doc="kernel log source: auto (/dev/kmsg, else journalctl -k; none for sim/replay), kmsg, journal or off",
+        doc="kernel log: auto (/dev/kmsg, else journalctl -k; none for sim/replay), kmsg, journal or off",
     )
     kernel_log_file: Path | None = setting(
         None, parse=optional_path, doc="a kernel log file read besides (sim and replay sources)"
