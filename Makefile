@@ -57,11 +57,17 @@ demo: $(FULL_STAMP)
 	@command -v prometheus-alertmanager >/dev/null || echo "(no prometheus-alertmanager: run 'make system-deps' as root for the alert part)"
 	$(PY) -m ft_trainer.devtools.demo --out out/demo
 
+# The suite side by side: one pytest-xdist worker per core (most tests wait on real processes, not
+# the CPU); tests that cannot share the machine with each other are grouped onto one worker
+# (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+
 test: $(FULL_STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(BASE_STAMP)
-	$(PY) -m pytest -q -m "not slow and not trainer" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not trainer" $(PYTEST_ARGS)
 
 bench: $(FULL_STAMP)
 	$(PY) -m benchmarks $(BENCH_ARGS)

@@ -1,11 +1,12 @@
 """Triage throughput against the way people script this today, and triage's peak memory.
 
-Three numbers on the same ~3 M-row recording (8 GPUs at 10 Hz, units in the cells, like the H100
+Numbers on the same 4.8 M-row recording (8 GPUs at 10 Hz, units in the cells, like the H100
 traces), all in this process, best of three:
 
 * bytes only: reading the file's bytes and nothing else - the floor;
-* triage: ``triage_file`` (chunked read, vectorised classification with hysteresis, accounting and
-  the deadlock rule) - budget at least 1,000,000 rows/s and at least 5x the baseline;
+* triage: ``triage_file`` (chunked read one chunk ahead on a thread, vectorised classification with
+  hysteresis, accounting and the deadlock rule) - budget (issue 30) at least 5,000,000 rows/s and at
+  least 10x the baseline; beside it the same on one thread (``engine.READ_AHEAD = False``, before);
 * baseline: ``pandas.read_csv`` plus a per-row Python loop applying the same bands with a simple
   "N seconds in the band" rule - what a script written for an incident usually is.
 
@@ -22,9 +23,10 @@ from pathlib import Path
 from benchmarks.bench_reader import DATA, read_bytes, recording
 from benchmarks.common import best_of, header, line
 from benchmarks.gen_recording import generate
+from gpu_triage.triage import engine
 from gpu_triage.triage.engine import TriageOptions, triage_file
 
-ROWS = 3_000_000
+ROWS = 4_800_000
 QUICK_ROWS = 300_000
 BIG_BYTES = 2 << 30
 QUICK_BIG_BYTES = 256 << 20
@@ -33,6 +35,7 @@ OPTS = TriageOptions(model="H100", gpus=8, power_limit_w=700.0)
 
 _PEAK_SCRIPT = """
 import sys
+from gpu_triage.triage import engine
 from gpu_triage.triage.engine import TriageOptions, triage_file
 r = triage_file(sys.argv[1], TriageOptions(model="H100", gpus=8, power_limit_w=700.0))
 with open("/proc/self/status") as status:
@@ -116,7 +119,17 @@ def run(quick: bool = False) -> None:
     size_mb = path.stat().st_size / 2**20
     header(f"triage throughput: {path.name} ({rows:,} rows, {size_mb:.0f} MB)")
     t_bytes = best_of(lambda: read_bytes(path))
-    t_triage = best_of(lambda: triage_file(path, OPTS))
+    # interleaved (one thread, read-ahead, one thread...): a neighbour's load hits both alike
+    t_one_thread = t_triage = float("inf")
+    for _ in range(3):
+        for read_ahead in (False, True):
+            engine.READ_AHEAD = read_ahead
+            took = best_of(lambda: triage_file(path, OPTS), 1)
+            if read_ahead:
+                t_triage = min(t_triage, took)
+            else:
+                t_one_thread = min(t_one_thread, took)
+    engine.READ_AHEAD = True
     base_rows = min(rows, 1_000_000)
     base_path = recording(base_rows)
     t0 = time.perf_counter()
@@ -133,8 +146,15 @@ def run(quick: bool = False) -> None:
         "rows/s",
         baseline=typical_rate,
         baseline_name="pandas+itertuples",
-        budget=">= 1,000,000 rows/s and >= 5x baseline",
-        ok=triage_rate >= 1e6 and triage_rate >= 5 * typical_rate,
+        budget=">= 5,000,000 rows/s and >= 10x baseline",
+        ok=triage_rate >= 5e6 and triage_rate >= 10 * typical_rate,
+    )
+    line(
+        "triage vs the same on one thread (before)",
+        triage_rate,
+        "rows/s",
+        baseline=rows / t_one_thread,
+        baseline_name="one thread",
     )
     line(
         "triage vs a hand-optimised loop",

@@ -104,6 +104,19 @@ def _timeout_s(item: pytest.Item) -> float:
         return 600.0
 
 
+def _collected_id(item: pytest.Item) -> str:
+    """The test's node id as a fresh pytest collects it: without the ``@group`` suffix that
+    pytest-xdist's ``--dist loadgroup`` appends on a worker (tests/conftest.py, XDIST_GROUPS)."""
+    groups = sorted(
+        {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+    )
+    suffix = "@" + "_".join(groups)
+    return item.nodeid.removesuffix(suffix) if groups else item.nodeid
+
+
 def run_item_isolated(item: pytest.Item) -> list[dict[str, Any]]:
     """Run ``item`` in a fresh pytest in a new PID namespace; its reports (when, outcome, text)."""
     argv = pid_namespace_argv()
@@ -116,7 +129,7 @@ def run_item_isolated(item: pytest.Item) -> list[dict[str, Any]]:
             sys.executable,
             "-m",
             "pytest",
-            item.nodeid,
+            _collected_id(item),
             "-q",
             "-p",
             "no:cacheprovider",
@@ -215,6 +228,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             duration=r.get("duration") or 0.0,
         )
         ihook.pytest_runtest_logreport(report=rep)
+    # What the usual protocol's teardown does: drop the collectors (modules, classes) the next test
+    # does not share. The previous test kept this one's module set up; without this the next test,
+    # in another module, fails its setup with "previous item was not torn down properly" (frequent
+    # under pytest-xdist, whose workers interleave modules).
+    item.session._setupstate.teardown_exact(nextitem)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 

@@ -14,11 +14,7 @@ MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 120
 
 #: Being split elsewhere; each entry names who removes it. Remove an entry when its module is split.
-PENDING: frozenset[str] = frozenset(
-    {
-        "watchdog/telemetry/sim.py",  # engineer 30 splits the simulation (issue 29)
-    }
-)
+PENDING: frozenset[str] = frozenset()
 
 
 def _modules() -> list[Path]:

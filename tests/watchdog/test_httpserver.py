@@ -153,6 +153,9 @@ def test_slow_sockets_are_bounded_and_never_keep_healthz_out() -> None:
         with httpx.Client(base_url=http.url, timeout=3.0) as client:
             response = client.get("/healthz")
         assert response.status_code == 200 and response.json()["status"] == "ok"
+        deadline = time.monotonic() + 5.0  # the door hands them to the loop: evictions follow shortly
+        while http.protocol.evicted < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert http.protocol.evicted >= 4  # over the cap: the oldest slow ones went first
         deadline = time.monotonic() + 10.0
         for s in slow:  # every slow socket is closed by the server (EOF), none held for ever
@@ -182,3 +185,78 @@ def test_a_request_whose_app_is_still_answering_is_not_cut() -> None:
         assert response.json() == {"ok": "yes"}
     finally:
         http.stop(2.0)
+
+
+def test_healthz_is_answered_while_the_event_loop_is_busy() -> None:
+    """/healthz apart from the scrape path (issue 30): a route that holds uvicorn's event loop for 3 s
+    (as a long render or a flood of scrapes does) does not delay a probe on a new connection."""
+    app = make_app(SnapshotHolder(snapshot(cycle=5, time=_now())))
+
+    @app.get("/hog")
+    async def hog() -> dict[str, str]:
+        time.sleep(3.0)  # blocks the event loop on purpose
+        return {"ok": "yes"}
+
+    http = HttpServer(app, "127.0.0.1", 0)
+    http.start()
+    try:
+        import threading
+
+        hogging = threading.Thread(target=lambda: httpx.get(f"{http.url}/hog", timeout=10.0))
+        hogging.start()
+        time.sleep(0.5)  # the loop is inside /hog now
+        start = time.monotonic()
+        response = httpx.get(f"{http.url}/healthz", timeout=2.0)
+        assert time.monotonic() - start < 2.0
+        assert response.status_code == 200 and response.json()["cycle"] == 5
+        assert response.headers["connection"] == "close"
+        assert http.door is not None and http.door.answered == 1
+        hogging.join(10.0)
+    finally:
+        http.stop(2.0)
+
+
+def test_the_health_door_keeps_the_host_check_and_hands_everything_else_to_the_app() -> None:
+    holder = SnapshotHolder(snapshot(cycle=9, time=_now()))
+    app = create_app(
+        snapshots=holder, events=None, table=dict, control=None, token=None, period_s=1.0, allowed_hosts=[]
+    )
+    with HttpServer(app, "127.0.0.1", 0) as http:
+        assert http.door is not None
+        evil = httpx.get(f"{http.url}/healthz", headers={"host": "evil.example"}, timeout=5.0)
+        assert evil.status_code == 421 and "allowed_hosts" in evil.json()["detail"]
+        assert httpx.head(f"{http.url}/healthz?probe=1", timeout=5.0).status_code == 200
+        assert http.door.answered == 2
+        # a request line that arrives in pieces, then a keep-alive second request: served by the app
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5.0) as s:
+            s.sendall(b"GET /st")
+            time.sleep(0.2)
+            s.sendall(b"atus HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            first = _read_response(s)
+            s.sendall(b"GET /healthzz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            second = _read_response(s)
+        assert first.startswith(b"HTTP/1.1 200") and b'"cycle":9' in first
+        assert second.startswith(b"HTTP/1.1 404")
+        assert http.door.answered == 2
+
+
+def test_a_connection_that_never_completes_its_request_line_is_closed_by_the_door() -> None:
+    http = HttpServer(make_app(SnapshotHolder(snapshot(time=_now()))), "127.0.0.1", 0, request_timeout_s=0.5)
+    with http, socket.create_connection(("127.0.0.1", http.port), timeout=5.0) as s:
+        s.sendall(b"GET /heal")  # could still become a probe: waits at the door, not for ever
+        with contextlib.suppress(ConnectionResetError):
+            assert s.recv(1024) == b""
+        assert http.door is not None and http.door.evicted == 1
+
+
+def _read_response(s: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(
+        next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+    )
+    while len(body) < length:
+        body += s.recv(65536)
+    return head + b"\r\n\r\n" + body

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpu_triage.classify.bands import CODE, UNKNOWN_CODE, raw_state, raw_states, stays_in, stays_mask
-from gpu_triage.classify.power_table import PowerTable
+from gpu_triage.classify.power_table import Box, PowerTable
 from gpu_triage.model.states import GPU_STATES, GpuState
 
 _EMPTY_F = np.empty(0, dtype=np.float64)
@@ -85,6 +85,11 @@ class GpuClassifier:
         self._history: deque[tuple[float, int, float]] = deque()
         self._history_start_s: float | None = None
         self._keep_s = _max_dwell(table)
+        self._exit_boxes: dict[GpuState, tuple[Box, ...]] = {
+            state: band.exit_boxes() for state, band in table.bands.items() if state is not GpuState.UNKNOWN
+        }
+        """Each band's exit boxes, computed once (the table is immutable): the daemon asks 10 times a
+        second per GPU whether a sample stays in its state."""
 
     @property
     def state(self) -> GpuState:
@@ -101,7 +106,12 @@ class GpuClassifier:
             self._state, self._since_s, self._since_pos = raw_state(table, power_frac, util), time_s, pos
             return True
         state = self._state
-        cand = state if stays_in(table, state, power_frac, util) else raw_state(table, power_frac, util)
+        boxes = self._exit_boxes.get(state)
+        if boxes is not None and power_frac == power_frac and util == util:  # both read (not NaN)
+            stays = any(b[0] <= power_frac < b[1] and b[2] <= util < b[3] for b in boxes)
+        else:  # unknown, a failed read or a missing utilisation: the general rule
+            stays = stays_in(table, state, power_frac, util)
+        cand = state if stays else raw_state(table, power_frac, util)
         code = CODE[cand]
         hist = self._history
         hist.append((time_s, code, pos))

@@ -21,8 +21,11 @@ from gpu_triage.daemon.config import (
 )
 from gpu_triage.daemon.state_lock import StateLock
 from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.health import HealthReader
+from gpu_triage.model.samples import TelemetrySource
 from gpu_triage.serving.control import QueuedControl
 from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.signal import SignalEnv
 
 if TYPE_CHECKING:
     from gpu_triage.actions.interface import Actions
@@ -42,7 +45,16 @@ def check_token(config: Config) -> None:
 def start_checks() -> tuple[Callable[[Config], None], ...]:
     """Every check ``run`` makes of a configuration before its first cycle (each raises ConfigError);
     ``check-config`` runs the same list, so it never approves what ``run`` refuses."""
-    return (validate_classifier, check_token)
+    return (validate_classifier, check_token, validate_health)
+
+
+def validate_health(config: Config) -> None:
+    """A site's Xid catalog (``health.xid_catalog``) must load whole now (ConfigError naming the key)."""
+    from gpu_triage.signals.health.monitor import check_catalog
+
+    problem = check_catalog(config.health)
+    if problem is not None:
+        raise ConfigError([f"{config.origin}: health.xid_catalog: {problem}"])
 
 
 def validate_classifier(config: Config) -> None:
@@ -57,6 +69,29 @@ def validate_classifier(config: Config) -> None:
     except TableError as e:
         key = "classifier.table" if c.table is not None else "classifier.model"
         raise ConfigError([f"{config.origin}: {key}: {e}"]) from None
+
+
+def make_hardware_reader(config: Config, source: TelemetrySource) -> HealthReader | None:
+    """NVML health reads and events for the ``health`` signal when the source is NVML (on the same
+    per-GPU workers and deadlines as its telemetry reads); None for the other sources."""
+    if not config.health.enabled or source.name != "nvml":
+        return None
+    from gpu_triage.telemetry.nvml import NvmlSource
+    from gpu_triage.telemetry.nvml_health import NvmlHealthReader
+
+    return NvmlHealthReader(source) if isinstance(source, NvmlSource) else None
+
+
+def signal_env(config: Config, source: TelemetrySource, clock: Callable[[], float]) -> SignalEnv:
+    """What the registered signals know of the daemon: the node, the timeline, the GPUs (with their
+    PCI bus ids) and the hardware reads the telemetry source offers."""
+    return SignalEnv(
+        config.daemon.node,
+        clock,
+        gpus=tuple((g.gpu, g.pci_bus_id) for g in source.gpus()),
+        hardware=make_hardware_reader(config, source),
+        simulated=source.name.split(":", 1)[0] in ("sim", "replay"),
+    )
 
 
 def make_tracker(config: Config) -> GpuTracker:

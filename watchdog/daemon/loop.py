@@ -35,6 +35,7 @@ from gpu_triage.daemon.build import (
     make_actions,
     make_tracker,
     retarget_captures,
+    signal_env,
     start_checks,
     start_http,
     take_state_lock,
@@ -55,12 +56,12 @@ from gpu_triage.daemon.state_lock import StateLock
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.journal.logs import configure as configure_logging
 from gpu_triage.model.clock import Clock, ClockStep, Timeline
+from gpu_triage.model.health import UNKNOWN_HEALTH, HealthLevel, NodeHealth
 from gpu_triage.model.samples import GpuSample, TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
 from gpu_triage.model.states import Mode
 from gpu_triage.serving.control import QueuedControl
 from gpu_triage.serving.publish import SnapshotHolder
-from gpu_triage.signals.signal import SignalEnv
 from gpu_triage.verdicts.detector import Detector
 
 if TYPE_CHECKING:  # the HTTP stack is imported only when the daemon serves
@@ -111,7 +112,11 @@ class Daemon:
         self.detector = Detector(detector_config(config))
         # On a simulated source the daemon judges only the simulated job's processes (ValueError
         # when its job_session leads no session).
-        self.observer = Observer(config, self.gpus, SignalEnv(self.node, self.clock), process_scope(source))
+        self.observer = Observer(
+            config, self.gpus, signal_env(config, source, self.clock), process_scope(source)
+        )
+        self.node_health: NodeHealth = UNKNOWN_HEALTH
+        """The node verdict this cycle (the ``health`` signal); in every snapshot as ``node_health``."""
         self.recorder = Recorder(self.timeline)
         self.health = HealthBook()
         self.app: Any = None
@@ -189,6 +194,7 @@ class Daemon:
         self.recorder.restore_episodes(
             self.observer.progress.tracker, self.detector, scope=self.observer.inspector.scope
         )
+        self.observer.signals.start()  # the health signal's kernel log, opened only when serving
         if self.actions is None:
             self.actions = make_actions(self.config, self.store, state_dir, self.node, self.clock)
         if self.serve_http:
@@ -269,13 +275,13 @@ class Daemon:
                 log.exception("closing actions")
         if self.http is not None:
             self.http.stop()
+        self.observer.close()  # before the source: the health signal's NVML reader uses its workers
         try:
             self.source.close()
         except Exception:
             log.exception("closing the telemetry source")
         if self.store is not None:
             self.store.close()
-        self.observer.close()
         if self._state_lock is not None:
             self._state_lock.release()
             self._state_lock = None
@@ -375,6 +381,7 @@ class Daemon:
                 gpu=ch.gpu,
             )
         statuses = self.gpus.statuses()
+        self._node_facts(now)
         due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
         if due:
             self._last_process_s = now
@@ -404,7 +411,7 @@ class Daemon:
             progress_errors=self.observer.progress_errors,
             job_errors=self.detector.job_errors,
             persist_errors=self.recorder.persist_errors,
-            signal_errors=self.observer.signals.errors,
+            signal_errors={**self.observer.signals.errors, **self.observer.signals.node_errors},
             store=self.store,
         )
         signal_status = self.observer.signals.status()
@@ -435,12 +442,39 @@ class Daemon:
             fleet=self.observer.fleet_facts,
             cluster=signal_status.pop("cluster", {}),
             signals=signal_status,
+            node_health=self.node_health,
             clock_offset_s=(self._wall if self._wall is not None else now) - now,
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
             self.on_cycle(snap)
         return snap
+
+    def _node_facts(self, now: float) -> None:
+        """Every cycle, jobs or none: the node-level signals' facts (the node verdict); a change of the
+        node's or a GPU's health level is an event."""
+        facts = self.observer.signals.node_facts(now)
+        before, after = self.node_health, facts.get("node_health", UNKNOWN_HEALTH)
+        if not isinstance(after, NodeHealth):
+            return
+        self.node_health = after
+        was = {g.gpu: g.level for g in before.gpus}
+        for g in after.gpus:
+            old = was.get(g.gpu, HealthLevel.HEALTHY)
+            if g.level is not old:
+                payload = {"level": str(g.level), "from": str(old), "pci_bus_id": g.pci_bus_id}
+                self._event("health", {**payload, "reasons": list(g.reasons)}, now, gpu=g.gpu)
+                log.log(
+                    logging.WARNING if g.level is not HealthLevel.HEALTHY else logging.INFO,
+                    "health: GPU %s (%s) %s -> %s%s",
+                    g.gpu,
+                    g.pci_bus_id or "bus unknown",
+                    old,
+                    g.level,
+                    f": {'; '.join(g.reasons[:3])}" if g.reasons else "",
+                )
+        if after.level is not before.level:
+            self._event("health", {"node": str(after.level), "from": str(before.level)}, now)
 
     def _detect(
         self, now: float, samples: Sequence[GpuSample], statuses: Sequence[GpuStatus]

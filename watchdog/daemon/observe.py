@@ -29,7 +29,7 @@ from gpu_triage.signals.processes import ProcessInspector, ProcessView, SessionS
 from gpu_triage.signals.progress import ProgressReader, ProgressView
 from gpu_triage.signals.ranks import ProgressClaim, RankProcess
 from gpu_triage.signals.registry import signal_kinds
-from gpu_triage.signals.signal import Contribution, JobSight, Signal, SignalEnv, SignalKind
+from gpu_triage.signals.signal import NODE_FIELDS, Contribution, JobSight, Signal, SignalEnv, SignalKind
 from gpu_triage.verdicts.fusion import job_views
 from gpu_triage.verdicts.settings import DetectorConfig
 from gpu_triage.verdicts.views import GpuView, JobView
@@ -66,6 +66,8 @@ class SignalSet:
         }
         self.errors: dict[str, str] = {}
         """Signals whose last contribute raised (name -> error): input_errors ``signal``."""
+        self.node_errors: dict[str, str] = {}
+        """Signals whose last ``node_facts`` raised or set a field it may not (name -> error)."""
         self.slow: dict[str, float] = {}
         """Signals whose last contribute took longer than CONTRIBUTE_DEADLINE_S (name -> seconds)."""
 
@@ -111,6 +113,40 @@ class SignalSet:
                     facts[job].update(contribution)
         self.errors = errors
         return facts
+
+    def start(self) -> None:
+        """The daemon starts: each signal with a ``start`` opens what it holds open while serving."""
+        for kind in self.kinds:
+            start = getattr(self.signals[kind.name], "start", None)
+            if start is not None:
+                start()
+
+    def node_facts(self, now: float) -> dict[str, object]:
+        """Every cycle: the node-level facts of the signals that have ``node_facts`` (Snapshot field ->
+        value, only :data:`~gpu_triage.signals.signal.NODE_FIELDS`); one that raises is reported and
+        contributes nothing, as in :meth:`contribute`."""
+        out: dict[str, object] = {}
+        errors: dict[str, str] = {}
+        for kind in self.kinds:
+            node_facts = getattr(self.signals[kind.name], "node_facts", None)
+            if node_facts is None:
+                continue
+            try:
+                got = dict(node_facts(now))
+            except Exception as e:
+                errors[kind.name] = f"{type(e).__name__}: {e}"[:300]
+                if self.node_errors.get(kind.name) != errors[kind.name]:
+                    log.error(
+                        "signal %s failed; its node facts are missing this cycle", kind.name, exc_info=e
+                    )
+                continue
+            wrong = sorted(set(got) - NODE_FIELDS)
+            if wrong:
+                errors[kind.name] = f"node facts {wrong}: not fields a signal may set"
+                continue
+            out.update(got)
+        self.node_errors = errors
+        return out
 
     def status(self) -> dict[str, Any]:
         """Each signal's status at its ``status_path`` (``{"stacks": {..., "nccl_ras": {...}}, ...}``)."""

@@ -38,6 +38,9 @@ class RunOptions:
     """Print a one-line state summary every second."""
     sim_start_s: float | None = None
     """Epoch second at which a ``sim`` source's scenario starts (the demo starts it mid-timeline)."""
+    kernel_log_file: Path | None = None
+    """A kernel log FILE for the health signal (``[health] kernel_log_file``): a replay's, or lines
+    fed to a simulation."""
     sim_job: int | None = None
     """A ``sim`` source's simulated job: its launcher's pid, a session leader. The daemon judges that
     session's processes and no other process of the machine (None: no process at all)."""
@@ -54,6 +57,7 @@ class RunOptions:
             (self.progress_dir, "progress.dir"),
             (self.period_s, "daemon.period_s"),
             (self.mode, "actions.mode"),
+            (self.kernel_log_file, "health.kernel_log_file"),
         ):
             if value is not None:
                 out[key] = str(value) if isinstance(value, Path) else value

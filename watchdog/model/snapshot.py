@@ -11,6 +11,7 @@ from typing import Any
 
 from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.findings import Finding
+from gpu_triage.model.health import UNKNOWN_HEALTH, NodeHealth
 from gpu_triage.model.states import GpuState, Mode, Verdict
 
 
@@ -37,6 +38,8 @@ class GpuStatus:
     """The table's compute floor for this GPU in watts (its band edges follow the enforced limit)."""
     spin_ceiling_w: float | None = None
     """The table's checkpoint_or_deadlock power ceiling in watts."""
+    pci_bus_id: str | None = None
+    """NVML's ``busId`` (``00000000:1B:00.0``), as dcgm-exporter's ``pci_bus_id`` label."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +137,7 @@ class Snapshot:
     """The reader of other nodes' facts ([cluster]): Prometheus URL, queries, last error."""
     signals: dict[str, Any] = field(default_factory=dict)
     """The status of every other registered signal, by name (gpu_triage.signals.registry)."""
+    node_health: NodeHealth = UNKNOWN_HEALTH
+    """The node verdict this cycle (the ``health`` signal, ``signals/health``): healthy, degraded or
+    unhealthy, per GPU with the findings behind it (REST ``/status`` ``node_health``). The detector and
+    the action engine read it from here (or from ``Daemon.node_health`` within the cycle)."""

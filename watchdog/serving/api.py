@@ -34,12 +34,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpu_triage import __version__
 from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, SilenceBook
+from gpu_triage.model.health import node_health_dict
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.control import Control, ControlRefused, EventsReader
 from gpu_triage.serving.docs_page import offline_docs_html, readable_descriptions
 from gpu_triage.serving.evidence_doc import EvidenceDoc
+from gpu_triage.serving.health_doc import NodeHealthDoc
 from gpu_triage.serving.metrics import MetricsExposition, render
 from gpu_triage.serving.publish import SnapshotHolder
 
@@ -79,6 +81,7 @@ GPU_FIELDS = (
     "temperature_c",
     "sm_clock_mhz",
     "read_errors_total",
+    "pci_bus_id",
 )
 JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause")
 RANK_FIELDS = ("rank", "pid", "gpu", "step", "step_since", "phase", "lease_until", "alive", "process_status")
@@ -121,6 +124,7 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
     document["stacks"] = jsonable(snapshot.stacks)
     document["cluster"] = jsonable(snapshot.cluster)
+    document["node_health"] = jsonable(node_health_dict(snapshot.node_health))
     if snapshot.signals:
         document["signals"] = jsonable(snapshot.signals)
     return document
@@ -179,6 +183,9 @@ class GpuDoc(_Doc):
     temperature_c: float | None
     sm_clock_mhz: float | None
     read_errors_total: int
+    pci_bus_id: str | None = Field(
+        default=None, description="NVML bus id (00000000:1B:00.0); the kernel log names GPUs by it"
+    )
 
 
 class JobDoc(_Doc):
@@ -241,6 +248,11 @@ class StatusDoc(_Doc):
         default_factory=dict,
         description="The status of each further registered signal, by name (gpu_triage.signals.registry); "
         "absent when there is none beyond stacks, nccl_ras and cluster",
+    )
+    node_health: NodeHealthDoc | None = Field(
+        default=None,
+        description="The node verdict (docs/health.md): healthy, degraded or unhealthy, per GPU with the "
+        "findings behind it (Xid, ECC, row remap, NVLink, throttle, PCIe, GPU lost)",
     )
 
 
@@ -528,10 +540,13 @@ def create_app(
     health = _health(snapshots, clock, max_age_s)
 
     app.add_middleware(HealthFirst, health=health)  # inside the Host check, before any body is read
+    policy = None
     if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
         from gpu_triage.serving.host_check import HostCheck, HostPolicy
 
-        app.add_middleware(HostCheck, policy=HostPolicy(allowed_hosts))
+        policy = HostPolicy(allowed_hosts)
+        app.add_middleware(HostCheck, policy=policy)
+    app.state.health_answer = _health_answer(health, policy)
     app.state.snapshots = snapshots
     app.state.auth = _Auth(token)
     app.state.control = control
@@ -541,6 +556,23 @@ def create_app(
     _add_read_routes(app, snapshots, events, table, health, exposition, metrics_registry)
     _add_control_routes(app, snapshots, control, clock)
     return app
+
+
+def _health_answer(
+    health: Callable[[], tuple[dict[str, Any], int]], policy: Any
+) -> Callable[[str | None], tuple[int, bytes]]:
+    """/healthz for the HTTP server's front door (serving.health_door): the Host check, then the
+    document, exactly as HostCheck and HealthFirst answer it on the event loop."""
+
+    def answer(host: str | None) -> tuple[int, bytes]:
+        if policy is not None and not policy.allows(host):
+            from gpu_triage.serving.host_check import MISDIRECTED_BODY
+
+            return 421, MISDIRECTED_BODY
+        document, status_code = health()
+        return status_code, _dumps(document)
+
+    return answer
 
 
 def _health(

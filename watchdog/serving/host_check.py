@@ -40,6 +40,15 @@ def _is_address(name: str) -> bool:
     return True
 
 
+MISDIRECTED_BODY = json.dumps(
+    {
+        "detail": "misdirected request: the Host header names no host of this daemon "
+        "(add the name to daemon.allowed_hosts)"
+    }
+).encode()
+"""The 421 answer's JSON body."""
+
+
 class HostPolicy:
     def __init__(self, names: Iterable[str]) -> None:
         self.any = False
@@ -72,12 +81,7 @@ class HostCheck:
                     host = value.decode("latin-1")
                     break
             if not self.policy.allows(host):
-                body = json.dumps(
-                    {
-                        "detail": "misdirected request: the Host header names no host of this daemon "
-                        "(add the name to daemon.allowed_hosts)"
-                    }
-                ).encode()
+                body = MISDIRECTED_BODY
                 await send(
                     {
                         "type": "http.response.start",

@@ -16,6 +16,12 @@ therefore stay bounded whatever a client does, and a fresh ``/healthz`` connecti
 Together with the cheap ``/healthz`` path and the ``/metrics`` body rendered once per cycle
 (:mod:`gpu_triage.serving.api`), a ``/metrics`` flood or a thousand slow sockets leave ``/healthz``
 answering in milliseconds (``make bench``: ``python -m benchmarks health``).
+
+**Health apart from the scrape path.** For an app that answers health itself (``create_app`` puts
+its ``health_answer`` in ``app.state``), the listening socket belongs to a front-door thread
+(:class:`~gpu_triage.serving.health_door.HealthDoor`): it answers ``GET``/``HEAD /healthz`` on its
+own and hands every other connection, with the bytes read so far, to uvicorn's event loop. A probe
+then never waits behind a ``/metrics`` scrape on the loop.
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import h11
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gpu_triage.serving.health_door import HealthAnswer, HealthDoor
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +67,47 @@ class _ThreadServer(uvicorn.Server):
 
     _wake: asyncio.Event | None = None
     _loop: asyncio.AbstractEventLoop | None = None
+    _create: Callable[[bytes], asyncio.Protocol] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        config, loop = self.config, asyncio.get_running_loop()
+        self._loop = loop
+
+        def create(head: bytes) -> asyncio.Protocol:  # as uvicorn's own factory, plus the bytes read
+            protocol: Any = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=loop
+            )
+            protocol._replay = head
+            return protocol
+
+        self._create = create
+        await super().startup(sockets)
+
+    def adopt(self, batch: list[tuple[socket.socket, bytes]]) -> None:
+        """Serve accepted connections (from any thread), each with the first bytes read from it."""
+        loop = self._loop
+        if loop is None or self.should_exit:
+            raise RuntimeError("the server is not running")
+        loop.call_soon_threadsafe(self._adopt, batch)
+
+    def _adopt(self, batch: list[tuple[socket.socket, bytes]]) -> None:
+        assert self._loop is not None and self._create is not None
+        for conn, head in batch:
+            self._adopt_one(conn, head)
+
+    def _adopt_one(self, conn: socket.socket, head: bytes) -> None:
+        assert self._loop is not None and self._create is not None
+        create = self._create
+        task = self._loop.create_task(self._loop.connect_accepted_socket(lambda: create(head), conn))
+
+        def done(task: asyncio.Task[Any]) -> None:
+            if task.cancelled() or task.exception() is not None:
+                conn.close()
+
+        task.add_done_callback(done)
 
     async def main_loop(self) -> None:
-        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        self._wake = asyncio.Event()
         counter = 0
         should_exit = await self.on_tick(counter)
         while not should_exit:
@@ -115,6 +162,9 @@ class _GuardedH11Protocol(H11Protocol):
     evicted = 0
     """Connections closed by the guard (slow or over the cap), for tests and the bench."""
 
+    _replay = b""
+    """The bytes the health door read before handing the connection over (fed in first)."""
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._progress_m = time.monotonic()
@@ -123,6 +173,8 @@ class _GuardedH11Protocol(H11Protocol):
             others = [c for c in self.connections if c is not self and isinstance(c, _GuardedH11Protocol)]
             victim = min(others, key=lambda c: c._progress_m, default=None)
             (victim or self)._guard_close()
+        if self._replay and not transport.is_closing():
+            self.data_received(self._replay)
 
     def connection_lost(self, exc: Exception | None) -> None:
         guard = getattr(self, "_guard", None)
@@ -184,7 +236,9 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class HttpServer:
-    """Serve ``app`` on ``host:port`` from a daemon thread. ``start()`` returns once listening."""
+    """Serve ``app`` on ``host:port`` from a daemon thread. ``start()`` returns once listening.
+    ``health_door=False`` answers /healthz on the event loop like every other path (the benchmark's
+    baseline)."""
 
     def __init__(
         self,
@@ -196,6 +250,7 @@ class HttpServer:
         log_level: str = "warning",
         max_connections: int | None = None,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
+        health_door: bool = True,
     ) -> None:
         self.app = app
         self.host = host
@@ -207,11 +262,17 @@ class HttpServer:
         self._server: _ThreadServer | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        state = getattr(app, "state", None)
+        self._health: HealthAnswer | None = getattr(state, "health_answer", None) if health_door else None
+        self.door: HealthDoor | None = None
+        """The front door answering /healthz apart from the event loop (None: the app has no health)."""
+        self._max_connections = connection_cap() if max_connections is None else max_connections
+        self._request_timeout_s = request_timeout_s
         self.protocol = type(
             "GuardedH11Protocol",
             (_GuardedH11Protocol,),
             {
-                "max_connections": connection_cap() if max_connections is None else max_connections,
+                "max_connections": self._max_connections,
                 "request_timeout_s": request_timeout_s,
                 "evicted": 0,
             },
@@ -265,12 +326,21 @@ class HttpServer:
                     f"HTTP server on {self.host}:{self.port} not listening after {timeout_s} s"
                 )
             time.sleep(0.005)
+        if self._health is not None:
+            self.door = HealthDoor(
+                self._socket,
+                self._health,
+                self._server.adopt,
+                max_pending=max(16, self._max_connections // 2),
+                request_timeout_s=self._request_timeout_s,
+            )
+            self.door.start()
         log.info("listening on %s", self.url)
 
     def _serve(self) -> None:
         assert self._server is not None and self._socket is not None
-        try:
-            self._server.run(sockets=[self._socket])
+        try:  # with a health door, the door owns the listener and hands uvicorn its connections
+            self._server.run(sockets=[] if self._health is not None else [self._socket])
         except BaseException as error:  # reported by start()/stop(); never kills the process
             self._error = error
             log.exception("HTTP server failed")
@@ -278,6 +348,9 @@ class HttpServer:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop accepting, let requests in flight finish (up to ``timeout_s``), then force-close."""
         server, thread = self._server, self._thread
+        if self.door is not None:
+            self.door.stop()
+            self.door = None
         if server is None or thread is None:
             self._cleanup()
             return

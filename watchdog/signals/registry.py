@@ -9,6 +9,7 @@ here.
 from __future__ import annotations
 
 from gpu_triage.signals.fleet import signal as _fleet  # noqa: F401
+from gpu_triage.signals.health import signal as _health  # noqa: F401
 from gpu_triage.signals.nccl_ras import signal as _nccl_ras  # noqa: F401
 from gpu_triage.signals.signal import SignalKind, registered
 from gpu_triage.signals.stacks import signal as _stacks  # noqa: F401

@@ -13,6 +13,13 @@ period, in dependency order:
 - :meth:`Signal.reload` - a changed section after SIGHUP (the same signal, or a fresh one);
 - :meth:`Signal.close` - at shutdown.
 
+Two optional methods, for a signal about the node rather than its jobs (the ``health`` signal):
+
+- ``start()`` - called once by the daemon's start, to open what a constructed-only daemon (a test
+  driving cycles) must not hold open (``/dev/kmsg``, a ``journalctl`` child);
+- ``node_facts(now)`` - called every cycle, jobs or none, within the cycle's deadline: facts about
+  the node as ``{Snapshot field: value}``, only the fields in :data:`NODE_FIELDS`.
+
 A new signal is one module that defines a class with these methods, decorated with
 :func:`register`, and one import line in :mod:`gpu_triage.signals.registry` (docs/architecture.md,
 "Where a new signal goes"). This module imports nothing of ours but the pure model, so any signal
@@ -26,16 +33,31 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from gpu_triage.model.health import HealthReader
+
 Contribution = Mapping[str, object]
 """What a signal adds to one job: JobView field name -> value (``{"stacks": StackSummary(...)}``)."""
 
 
+#: The snapshot fields a signal's ``node_facts`` may set (gpu_triage.model.snapshot.Snapshot).
+NODE_FIELDS = frozenset({"node_health"})
+
+
 @dataclass(frozen=True, slots=True)
 class SignalEnv:
-    """What a signal may know of the daemon besides its own section: the node and the timeline."""
+    """What a signal may know of the daemon besides its own section: the node and the timeline, the
+    node's GPUs and the hardware reads its telemetry source offers."""
 
     node: str = "localhost"
     clock: Callable[[], float] = time.time
+    gpus: tuple[tuple[int, str | None], ...] = ()
+    """The node's GPUs from the telemetry source: (index, PCI bus id, None where unknown)."""
+    hardware: HealthReader | None = None
+    """NVML health reads and events (``telemetry/nvml_health``) when the source is NVML; None for the
+    sim, replay and none sources."""
+    simulated: bool = False
+    """The GPUs are simulated or replayed (``sim``, ``replay``): their bus ids are made up or recorded,
+    so nothing of the machine's own (its kernel log) is read for them unless the config asks by name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +163,7 @@ def registered() -> tuple[SignalKind, ...]:
 
 
 __all__ = [
+    "NODE_FIELDS",
     "Contribution",
     "JobSight",
     "Signal",

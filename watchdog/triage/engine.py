@@ -24,11 +24,15 @@ from gpu_triage.classify.table_files import match_model, resolve_table
 from gpu_triage.model.limits import power_limit_problem
 from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError, RecordingHeader
+from gpu_triage.recordings.read_ahead import read_ahead
 from gpu_triage.recordings.values import impossible_power_limit
 from gpu_triage.triage import DEFAULT_DEADLOCK_AFTER_S
 from gpu_triage.triage.bursts import Bursts, BurstTracker
 from gpu_triage.triage.deadlock_rule import Cadence, DeadlockFinding, Wait, analyse
 
+READ_AHEAD = True
+"""Read the next chunk on a thread while classifying the last (False: one thread; the benchmark's
+baseline)."""
 #: Points kept per GPU for the plot (evenly thinned).
 PLOT_POINTS_PER_GPU = 6000
 _HEAD_INTERVALS = 2000
@@ -210,7 +214,8 @@ def triage_file(
         thin = max(1, est_rows // max(1, n_gpus * PLOT_POINTS_PER_GPU))
     use_file_limit = opts.power_limit_w is None
 
-    for chunk in reader.chunks():
+    # the reader parses the next chunk while this thread classifies the last one (recordings.read_ahead)
+    for chunk in read_ahead(reader.chunks()) if READ_AHEAD else reader.chunks():
         n = len(chunk.gpu)
         if n == 0:
             continue
