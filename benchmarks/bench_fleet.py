@@ -32,7 +32,7 @@ import yaml
 
 from benchmarks.bench_daemon import _free_port
 from benchmarks.common import header, line
-from gpu_triage.signals.fleet.facts import JobFacts, RankFacts
+from gpu_triage.signals.fleet.facts import NodeJobFacts, RankFacts
 from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError
 from gpu_triage.signals.fleet.remote import job_query, remote_facts
@@ -52,7 +52,7 @@ def node_name(i: int) -> str:
     return f"node-{i:03d}"
 
 
-def node_facts(i: int, now: float, hang_at: float, last_at: float, nodes: int) -> JobFacts:
+def node_facts(i: int, now: float, hang_at: float, last_at: float, nodes: int) -> NodeJobFacts:
     last = i == nodes - 1
     frozen_since = (last_at - FROZEN_S - 5) if last else hang_at
     frozen = now >= (last_at if last else hang_at)
@@ -64,7 +64,7 @@ def node_facts(i: int, now: float, hang_at: float, last_at: float, nodes: int) -
         else:
             ranks.append(RankFacts(r, "forward", "forward @ model.py:10 forward", now - 0.5, now - 0.5))
     verdict = "stalled" if frozen else "healthy"
-    return JobFacts(
+    return NodeJobFacts(
         JOB, node_name(i), now, nodes * PER_NODE, verdict, None, False, False, False, tuple(ranks)
     )
 
@@ -77,7 +77,7 @@ def serve(port: int, nodes: int, hang_at: float, last_at: float) -> None:
     from gpu_triage.signals.fleet.exposition import fleet_metrics
 
     class One(Collector):
-        def __init__(self, facts: JobFacts) -> None:
+        def __init__(self, facts: NodeJobFacts) -> None:
             self.facts = facts
 
         def collect(self):  # type: ignore[no-untyped-def]

@@ -22,7 +22,7 @@ from gpu_triage.model.findings import Signal
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.signals.fleet.exposition import fleet_metrics
-from gpu_triage.signals.fleet.facts import JobFacts, RankFacts, local_facts
+from gpu_triage.signals.fleet.facts import NodeJobFacts, RankFacts, local_facts
 from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError, parse_vector
 from gpu_triage.signals.fleet.remote import RemoteFacts, Sample, job_query, remote_facts
@@ -62,11 +62,11 @@ def _remote_rank(rank: int, frames, now: float, since: float = 0.0, **kw) -> Ran
 
 def _node(
     name: str, at: float, *ranks: RankFacts, writing: bool = False, verdict: str = "stalled"
-) -> JobFacts:
-    return JobFacts("job", name, at, 4, verdict, None, False, writing, False, tuple(ranks))
+) -> NodeJobFacts:
+    return NodeJobFacts("job", name, at, 4, verdict, None, False, writing, False, tuple(ranks))
 
 
-def _answer(now: float, *nodes: JobFacts, error: str | None = None) -> RemoteFacts:
+def _answer(now: float, *nodes: NodeJobFacts, error: str | None = None) -> RemoteFacts:
     return RemoteFacts("job", now, tuple(nodes), error)
 
 
@@ -216,7 +216,7 @@ def test_facts_round_trip_through_the_exposition_and_leave_this_node_out():
         fresh_s=30.0,
     )
     other = _node("node-b", now, _remote_rank(2, ALLREDUCE, now))
-    other = JobFacts('we"ird\\job', "node-b", now, 4, "healthy", None, False, False, False, other.ranks)
+    other = NodeJobFacts('we"ird\\job', "node-b", now, 4, "healthy", None, False, False, False, other.ranks)
     registry = CollectorRegistry()
     registry.register(_Facts([mine, other]))
     text = generate_latest(registry).decode()
@@ -228,11 +228,11 @@ def test_facts_round_trip_through_the_exposition_and_leave_this_node_out():
 
 def test_the_job_wide_view_names_the_first_stopped_the_lagging_and_the_odd_rank():
     now = 100.0
-    a = JobFacts(
+    a = NodeJobFacts(
         "job", "node-a", now - 1, 4, "deadlock_suspected", 40.0, True, False, False,
         (_remote_rank(0, BARRIER, now - 1, since=30.0), _remote_rank(1, REDUCE, now - 1, since=50.0)),
     )  # fmt: skip
-    b = JobFacts(
+    b = NodeJobFacts(
         "job",
         "node-b",
         now - 2,
@@ -244,7 +244,7 @@ def test_the_job_wide_view_names_the_first_stopped_the_lagging_and_the_odd_rank(
         False,
         (_remote_rank(2, REDUCE, now, since=52.0),),
     )
-    steps = JobFacts(
+    steps = NodeJobFacts(
         "ft", "node-b", now, 2, "slow", None, False, False, False,
         (RankFacts(0, step=120, step_changed_at=90.0), RankFacts(1, step=100, step_changed_at=60.0)),
     )  # fmt: skip
@@ -480,11 +480,11 @@ def test_without_steps_the_rank_that_did_not_arrive_is_named_first_whatever_the_
     """Each node's sampler dates "unchanged since" from its own first dump: node B saw its ranks frozen
     before node A dumped rank 0 at all. The rank waiting apart from the majority is the one that stopped."""
     now = 100.0
-    a = JobFacts(
+    a = NodeJobFacts(
         "job", "node-a", now - 1, 3, "deadlock_suspected", 40.0, True, False, False,
         (_remote_rank(0, BARRIER, now - 1, since=45.0),),
     )  # fmt: skip
-    b = JobFacts(
+    b = NodeJobFacts(
         "job", "node-b", now - 1, 3, "stalled", None, False, False, False,
         (_remote_rank(1, REDUCE, now - 1, since=31.0), _remote_rank(2, REDUCE, now - 1, since=31.0)),
     )  # fmt: skip

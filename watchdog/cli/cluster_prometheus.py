@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from gpu_triage.signals.fleet.facts import JOB_LABEL, PREFIX, JobFacts, RankFacts
+from gpu_triage.signals.fleet.facts import JOB_LABEL, PREFIX, NodeJobFacts, RankFacts
 from gpu_triage.signals.fleet.remote import Sample, remote_facts
 
 EXIT_OK, EXIT_DEADLOCK, EXIT_UNREACHABLE = 0, 1, 2
@@ -59,7 +59,7 @@ class RankAt:
 class JobWide:
     job: str
     verdict: str
-    nodes: tuple[JobFacts, ...]
+    nodes: tuple[NodeJobFacts, ...]
     world_size: int | None
     missing: tuple[int, ...]
     first_stopped: RankAt | None
@@ -99,7 +99,7 @@ def _rank_json(r: RankAt | None) -> dict[str, Any] | None:
     return {"node": r.node, "rank": r.rank, "value": r.value, "detail": r.detail}
 
 
-def _job_verdict(nodes: Sequence[JobFacts]) -> str:
+def _job_verdict(nodes: Sequence[NodeJobFacts]) -> str:
     if any(n.kill_worthy for n in nodes):
         return "hung"
     order = {v: i for i, v in enumerate(SEVERITY)}

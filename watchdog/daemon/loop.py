@@ -57,7 +57,7 @@ from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
 from gpu_triage.model.states import Mode, Verdict
 from gpu_triage.serving.control import QueuedControl
 from gpu_triage.serving.publish import SnapshotHolder
-from gpu_triage.signals.fleet.facts import JobFacts
+from gpu_triage.signals.fleet.facts import NodeJobFacts
 from gpu_triage.signals.pods import PodResolver
 from gpu_triage.signals.processes import ProcessInspector, ProcessView
 from gpu_triage.verdicts.detector import Detector
@@ -115,7 +115,7 @@ class Daemon:
         self.stacks = make_sampler(config, self.clock)
         self.ras = make_ras(config, self.clock)
         self.fleet = make_fleet(config, self.clock)
-        self._fleet_facts: tuple[JobFacts, ...] = ()
+        self._fleet_facts: tuple[NodeJobFacts, ...] = ()
         self.progress = make_reader(config)
         self.inspector = ProcessInspector()
         self.pods = PodResolver()  # Kubernetes pod of each rank (gpu_triage.signals.pods); none outside one

@@ -13,7 +13,7 @@ from gpu_triage.model.names import printable
 from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import ENDED_VERDICTS, Verdict
-from gpu_triage.signals.fleet.facts import JobFacts, local_facts, spin_since_by_gpu
+from gpu_triage.signals.fleet.facts import NodeJobFacts, local_facts, spin_since_by_gpu
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.processes import ProgressClaim, RankProcess
 from gpu_triage.signals.progress import ProgressView
@@ -151,7 +151,7 @@ def with_remote(d: Daemon, now: float, jobs: list[JobView]) -> list[JobView]:
 
 def node_facts(
     d: Daemon, now: float, jobs: list[JobView], results: tuple[JobStatus, ...], statuses: Sequence[GpuStatus]
-) -> tuple[JobFacts, ...]:
+) -> tuple[NodeJobFacts, ...]:
     """This node's facts about each job, exported for the other nodes (gpu_watchdog_fleet_*)."""
     spin = spin_since_by_gpu(statuses)
     by_job = {j.job: j for j in results}

@@ -125,6 +125,6 @@ class Snapshot:
     CPU spend over the last minute against its budget, dump counters."""
     fleet: tuple[Any, ...] = ()
     """This node's facts about each job's ranks, for the other nodes (gpu_watchdog_fleet_* series):
-    :class:`gpu_triage.signals.fleet.facts.JobFacts` values (typed there: the model layer is below it)."""
+    :class:`gpu_triage.signals.fleet.facts.NodeJobFacts` values (typed there: the model layer is below it)."""
     cluster: dict[str, Any] = field(default_factory=dict)
     """The reader of other nodes' facts ([cluster]): Prometheus URL, queries, last error."""

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, JobFacts
+from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, NodeJobFacts
 
 METRIC_NAMES: dict[str, str] = {
     PREFIX + name: "gauge"
@@ -63,7 +63,7 @@ def _ok(value: float | int | None) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def fleet_metrics(facts: Iterable[JobFacts]) -> Iterator[Metric]:
+def fleet_metrics(facts: Iterable[NodeJobFacts]) -> Iterator[Metric]:
     """The fleet families for one snapshot's job facts (pure)."""
 
     def g(name: str, doc: str, *labels: str) -> GaugeMetricFamily:

@@ -88,7 +88,7 @@ class RankFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class JobFacts:
+class NodeJobFacts:
     """What one node knows about one job at one time."""
 
     job: str
@@ -119,7 +119,7 @@ def local_facts(
     reading: bool,
     gpu_spin_since: Mapping[int, float],
     fresh_s: float,
-) -> JobFacts:
+) -> NodeJobFacts:
     """This node's facts about one job. ``ranks``: the detector's
     :class:`~gpu_triage.detector.RankView` values; ``writing``/``reading``: the job's ranks wrote or
     read past the detector's thresholds recently; ``gpu_spin_since``: GPU index -> since when it has been in
@@ -158,7 +158,7 @@ def local_facts(
                 phase_since=base.phase_since,
                 spin_since=base.spin_since,
             )
-    return JobFacts(
+    return NodeJobFacts(
         job=job,
         node=node,
         time=now,
@@ -181,4 +181,12 @@ def spin_since_by_gpu(gpus: Iterable[GpuLike]) -> dict[int, float]:
     return out
 
 
-__all__ = ["JOB_LABEL", "NODE_LABEL", "PREFIX", "JobFacts", "RankFacts", "local_facts", "spin_since_by_gpu"]
+__all__ = [
+    "JOB_LABEL",
+    "NODE_LABEL",
+    "PREFIX",
+    "NodeJobFacts",
+    "RankFacts",
+    "local_facts",
+    "spin_since_by_gpu",
+]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from gpu_triage.signals.fleet.facts import JobFacts
+from gpu_triage.signals.fleet.facts import NodeJobFacts
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.stacks.evidence import StackFacts
 
@@ -197,7 +197,7 @@ def _stacks(
     world_size: int,
     local_ranks: Sequence[int],
     sf: StackFacts | None,
-    fresh: Sequence[JobFacts],
+    fresh: Sequence[NodeJobFacts],
     cfg: FusionConfig,
 ) -> dict[str, Any]:
     if sf is None:
@@ -236,7 +236,7 @@ def _stacks(
     return {"complete": True, "groups": groups, "odd": odd, "frozen_since": max(since) if since else None}
 
 
-def _steps(fresh: Sequence[JobFacts]) -> tuple[float | None, float | None]:
+def _steps(fresh: Sequence[NodeJobFacts]) -> tuple[float | None, float | None]:
     """K2 completion: (latest last progress, latest spin start) over the other nodes' ranks, or
     (None, None) unless every one is a train rank with a step, a progress time and a spinning GPU."""
     actives: list[float] = []

@@ -1,7 +1,7 @@
 """Other nodes' facts about one job, read back from Prometheus (pure parsing; the query is the client's).
 
 :func:`job_query` is the one selector the daemon sends per job; :func:`remote_facts` turns its
-answer into one :class:`~gpu_triage.signals.fleet.facts.JobFacts` per other node. What the answer cannot
+answer into one :class:`~gpu_triage.signals.fleet.facts.NodeJobFacts` per other node. What the answer cannot
 be trusted for is said, never guessed: a sample with a bad label is skipped and counted, and the
 caller (:mod:`gpu_triage.signals.fleet.fusion`) decides staleness and completeness with the time passed in.
 """
@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, JobFacts, RankFacts
+from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, NodeJobFacts, RankFacts
 
 MAX_RANK = 1 << 20
 """A rank label above this is refused (no job has a million ranks)."""
@@ -41,7 +41,7 @@ class RemoteFacts:
     job: str
     asked_at: float
     """When the answer came (epoch seconds)."""
-    nodes: tuple[JobFacts, ...] = ()
+    nodes: tuple[NodeJobFacts, ...] = ()
     """One per other node that exported facts for the job."""
     error: str | None = None
     """Why there is no answer (Prometheus unreachable, too slow, too large, malformed)."""
@@ -148,7 +148,7 @@ def remote_facts(
             rf = RankFacts(rank=rank)
             ranks.append(replace(rf, **values))  # type: ignore[arg-type]
         out.append(
-            JobFacts(
+            NodeJobFacts(
                 job=job,
                 node=node[:253],
                 time=n.time,
