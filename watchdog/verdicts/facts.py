@@ -178,7 +178,24 @@ def _fleet(
         cfg=cfg.fusion(),
     )
     if fleet.stacks_complete and sf is not None:
-        sf = dataclasses.replace(sf, complete=True, odd=fleet.odd_ranks())
+        if fleet.split:  # the world is split across nodes: this node's ranks are one side or both
+            own = cfg.fleet_node
+            sf = dataclasses.replace(
+                sf,
+                complete=True,
+                frozen=False,
+                frozen_since=None,
+                split=True,
+                split_ranks=tuple(r for n, r in fleet.split_ranks if n == own),
+                step_ranks=tuple(r for n, r in fleet.step_ranks if n == own),
+                split_since=fleet.frozen_since,
+                odd=fleet.odd_ranks(),
+            )
+        else:
+            since = sf.frozen_since if sf.frozen_since is not None else fleet.frozen_since
+            sf = dataclasses.replace(
+                sf, complete=True, frozen=True, frozen_since=since, odd=fleet.odd_ranks()
+            )
     return sf, fleet
 
 

@@ -103,10 +103,17 @@ class DetectorConfig:
     fleet_stale_after_s: float = derived(
         15.0, doc="other nodes' facts older than this are unknown ([cluster] stale_after_s)"
     )
+    fleet_node_lost_after_s: float = derived(
+        60.0, doc="a node of the job silent this long is lost ([cluster] node_lost_after_s)"
+    )
 
     def fusion(self) -> FusionConfig:
         return FusionConfig(
-            stale_after_s=self.fleet_stale_after_s, frozen_s=self.stacks.frozen_s, fresh_s=self.stacks.fresh_s
+            stale_after_s=self.fleet_stale_after_s,
+            frozen_s=self.stacks.frozen_s,
+            fresh_s=self.stacks.fresh_s,
+            min_samples=self.stacks.min_samples,
+            node_lost_after_s=self.fleet_node_lost_after_s,
         )
 
     def timing(self) -> TimingConfig:

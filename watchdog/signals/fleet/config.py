@@ -25,6 +25,12 @@ class ClusterConfig:
     stale_after_s: float = setting(
         15.0, parse=number(1, 3600), doc="another node's facts older than this are unknown"
     )
+    node_lost_after_s: float = setting(
+        60.0,
+        parse=number(5, 3600),
+        doc="a node of the job silent this long (target down or facts stale), every rank here frozen in a "
+        "collective: the job is kill-worthy, cause 'node <name> lost'",
+    )
 
 
 __all__ = ["ClusterConfig"]

@@ -29,9 +29,24 @@ class Sample:
     """The sample's time as Prometheus evaluated it (epoch seconds)."""
 
 
+LAST_SEEN = PREFIX + "last_facts_timestamp_seconds"
+"""The name :func:`job_query` gives each node's latest facts time over the lookback (not exported
+by any daemon: computed by the query, so a node whose series vanished - its target down - is still
+seen, with the time it went silent)."""
+LOOKBACK_S = 900
+"""How far back :func:`job_query` looks for nodes of the job that went silent."""
+
+
 def job_query(job: str) -> str:
-    """Every fleet series of one job, from every node (``training_job`` quoted safely)."""
-    return f'{{__name__=~"{PREFIX}.+",{JOB_LABEL}={json.dumps(job)}}}'
+    """Every fleet series of one job, from every node (``training_job`` quoted safely), and each
+    node's latest facts time over the last :data:`LOOKBACK_S` (as :data:`LAST_SEEN`): a node whose
+    daemon, scrape or whole machine stopped has no current series but still a last time."""
+    sel = f"{JOB_LABEL}={json.dumps(job)}"
+    last = (
+        f"max by ({JOB_LABEL}, {NODE_LABEL}) "
+        f"(max_over_time({PREFIX}facts_timestamp_seconds{{{sel}}}[{LOOKBACK_S}s]))"
+    )
+    return f'{{__name__=~"{PREFIX}.+",{sel}}} or label_replace({last}, "__name__", "{LAST_SEEN}", "", "")'
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +66,9 @@ class RemoteFacts:
     bytes: int = 0
     asked: bool = True
     """False: no query was sent (the job has not been suspicious since the daemon started)."""
+    last_seen: tuple[tuple[str, float], ...] = ()
+    """(node, its latest facts time) for every other node that reported on the job within the query's
+    lookback, whether its series are current or vanished (a node gone silent)."""
 
 
 @dataclass
@@ -84,6 +102,7 @@ def remote_facts(
 ) -> RemoteFacts:
     """Samples of :func:`job_query` -> the other nodes' facts (this node's own series are left out)."""
     nodes: dict[str, _Node] = {}
+    seen: dict[str, float] = {}
     skipped = 0
     for s in samples:
         labels = s.labels
@@ -98,6 +117,9 @@ def remote_facts(
             skipped += 1
             continue
         if node == own_node:
+            continue
+        if name == LAST_SEEN:
+            seen[node[:253]] = max(s.value, seen.get(node[:253], s.value))
             continue
         n = nodes.setdefault(node, _Node())
         key = name[len(PREFIX) :]
@@ -127,6 +149,7 @@ def remote_facts(
             r["stack_phase"] = labels.get("phase", "other")[:32]
             r["stack_where"] = labels.get("where", "")[:160]
             r["stack_same_since"] = s.value
+            r["stack_collective"] = labels.get("collective", "")[:64] or None
         elif key == "rank_stack_sampled_timestamp_seconds":
             r["stack_sampled_at"] = s.value
         elif key == "rank_step" and 0 <= s.value < 2**53:
@@ -161,7 +184,11 @@ def remote_facts(
                 ranks=tuple(ranks),
             )
         )
-    return RemoteFacts(job, asked_at, tuple(out), None, skipped, query_s, size)
+    for f in out:  # a node's current facts are seen too (an answer without the lookback part)
+        seen[f.node] = max(f.time, seen.get(f.node, f.time))
+    return RemoteFacts(
+        job, asked_at, tuple(out), None, skipped, query_s, size, last_seen=tuple(sorted(seen.items()))
+    )
 
 
-__all__ = ["RemoteFacts", "Sample", "job_query", "remote_facts"]
+__all__ = ["LAST_SEEN", "LOOKBACK_S", "RemoteFacts", "Sample", "job_query", "remote_facts"]
