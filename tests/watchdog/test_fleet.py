@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -25,11 +26,12 @@ from gpu_triage.signals.fleet.exposition import fleet_metrics
 from gpu_triage.signals.fleet.facts import NodeJobFacts, RankFacts, local_facts
 from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError, parse_vector
-from gpu_triage.signals.fleet.remote import RemoteFacts, Sample, job_query, remote_facts
+from gpu_triage.signals.fleet.remote import LAST_SEEN, RemoteFacts, Sample, job_query, remote_facts
 from gpu_triage.signals.stacks.dumps import StackSummary, group_key
 from gpu_triage.signals.stacks.evidence import StackEvidenceConfig, stack_facts
 from gpu_triage.verdicts.detector import Detector, GpuView, JobView, RankView
-from tests.watchdog.test_stacks import ALLREDUCE, BARRIER, SAVING, _rank
+from gpu_triage.verdicts.settings import DetectorConfig
+from tests.watchdog.test_stacks import ALLREDUCE, BARRIER, SAVING, WAIT_IN_SAVE, _rank
 
 CFG = FusionConfig(stale_after_s=15.0, frozen_s=20.0, fresh_s=30.0)
 REDUCE = (
@@ -56,6 +58,7 @@ def _remote_rank(rank: int, frames, now: float, since: float = 0.0, **kw) -> Ran
         stack_where=group_key(info),
         stack_same_since=since,
         stack_sampled_at=now,
+        stack_collective=info.collective,
         **kw,
     )
 
@@ -495,3 +498,178 @@ def test_without_steps_the_rank_that_did_not_arrive_is_named_first_whatever_the_
     (job,) = analyse(_samples(generate_latest(registry).decode(), now), now)
     assert [(r.node, r.rank) for r in job.odd] == [("node-a", 0)]
     assert (job.first_stopped.node, job.first_stopped.rank) == ("node-a", 0)
+
+
+# -- issue 26: the split across nodes, the narrower veto, a node lost ------------------------------
+
+
+def _local_frames(now: float, frames: dict[int, tuple], since: float = 0.0, world: int = 4):
+    n = max(1, int((now - since) // 3) + 1)
+    summary = StackSummary({r: _rank(r, f, now, since, n) for r, f in frames.items()}, world)
+    return stack_facts(now, summary, [(r, 0.0) for r in frames], world, StackEvidenceConfig(), None)
+
+
+def test_the_split_across_nodes_completes_and_names_the_rank_in_the_odd_phase():
+    """Ranks 0-2 wait in the epoch-end save's collective, rank 3 (node B) in its extra step's: the
+    world is split; node A's ranks alone look like a save, node B's alone like an incomplete split."""
+    now = 100.0
+    a = _node(
+        "node-a", now - 1, _remote_rank(0, WAIT_IN_SAVE, now - 1), _remote_rank(1, WAIT_IN_SAVE, now - 1)
+    )
+    local = _local_frames(now, {2: WAIT_IN_SAVE, 3: REDUCE})
+    ev = _fuse(now, _answer(now - 1, a), local=local)
+    assert ev.veto is None, ev.veto
+    assert ev.state is FleetState.COMPLETE and ev.stacks_complete and ev.split, ev.reason
+    assert ev.odd == (("node-b", 3),)
+    assert ev.split_ranks == (("node-a", 0), ("node-a", 1), ("node-b", 2))
+    assert ev.to_dict()["split"]["step_ranks"] == [{"node": "node-b", "rank": 3}]
+    # from node A: every rank here waits inside the save, the step rank is on the other node
+    b = _node("node-b", now - 1, _remote_rank(2, WAIT_IN_SAVE, now - 1), _remote_rank(3, REDUCE, now - 1))
+    mine = _local_frames(now, {0: WAIT_IN_SAVE, 1: WAIT_IN_SAVE})
+    ev = fuse(
+        now, own_node="node-a", world_size=4, local_ranks=[0, 1], local_stacks=mine,
+        remote=_answer(now - 1, b), cfg=CFG,
+    )  # fmt: skip
+    assert ev.split and ev.odd == (("node-b", 3),), ev.reason
+    # a rank doing the save's work (outside any collective) anywhere: a save, never a split
+    writer = _node(
+        "node-a", now - 1, _remote_rank(0, SAVING, now - 1), _remote_rank(1, WAIT_IN_SAVE, now - 1)
+    )
+    assert _fuse(now, _answer(now - 1, writer), local=local).state is FleetState.VETO
+
+
+@pytest.mark.parametrize(
+    ("what", "vetoed"),
+    [
+        ("waits_in_save", False),
+        ("waits_in_save_checkpoint_verdict", False),
+        ("saves_outside_collective", True),
+        ("writing", True),
+        ("reading", True),
+        ("announced_save", True),
+        ("checkpoint_verdict_without_a_save_stack", True),
+    ],
+)
+def test_another_node_vetoes_only_with_a_positive_sign_of_a_healthy_save(what: str, vetoed: bool):
+    now = 100.0
+    frames = SAVING if what == "saves_outside_collective" else WAIT_IN_SAVE
+    if what == "checkpoint_verdict_without_a_save_stack":
+        frames = BARRIER
+    r0 = _remote_rank(0, frames, now - 1, phase="checkpoint" if what == "announced_save" else None)
+    node = NodeJobFacts(
+        "job", "node-a", now - 1, 4,
+        "checkpoint" if "checkpoint_verdict" in what or what == "announced_save" else "stalled",
+        None, False, what == "writing", what == "reading",
+        (r0, _remote_rank(1, BARRIER if frames is BARRIER else WAIT_IN_SAVE, now - 1)),
+    )  # fmt: skip
+    ev = _fuse(now, _answer(now - 1, node), local=_local_frames(now, {2: REDUCE, 3: REDUCE}))
+    assert (ev.state is FleetState.VETO) is vetoed, (what, ev.reason)
+    if not vetoed:
+        # two against two: the ranks in the save's collective are named (the side that went ahead)
+        assert ev.split and ev.odd == (("node-a", 0), ("node-a", 1)), ev.reason
+
+
+def _last_seen(now: float, node: str, at: float) -> RemoteFacts:
+    return RemoteFacts("job", now, (), None, last_seen=((node, at),))
+
+
+def test_a_node_silent_past_node_lost_after_s_is_lost_before_that_unknown():
+    now = 200.0
+    lost = _fuse(now, _last_seen(now, "node-a", now - 70))
+    assert lost.state is FleetState.NODE_LOST and lost.lost == (("node-a", 130.0),), lost.reason
+    assert "node node-a lost" in lost.reason and lost.lost_since() == 130.0
+    assert lost.to_dict()["lost"] == [{"node": "node-a", "last_facts": 130.0}]
+    early = _fuse(now, _last_seen(now, "node-a", now - 30))
+    assert early.state is FleetState.UNKNOWN and "lost after 60 s" in early.reason, early.reason
+    # another node's rank still moves: the job makes progress, the silent node is not lost
+    c = NodeJobFacts(
+        "job", "node-c", now - 1, 4, "healthy", None, False, False, False,
+        (_remote_rank(1, ALLREDUCE, now - 1, since=now - 3),),
+    )  # fmt: skip
+    moving = RemoteFacts("job", now, (c,), None, last_seen=(("node-a", now - 70), ("node-c", now - 1)))
+    ev = _fuse(now, moving)
+    assert ev.state is FleetState.INCOMPLETE and "node-c rank 1" in ev.reason, ev.reason
+    # a silent node whose ranks another node now reports (the world is whole) is not lost either
+    whole = _world(now)
+    whole = replace(whole, last_seen=(*whole.last_seen, ("node-x", now - 500)))
+    assert _fuse(now, whole).state is FleetState.COMPLETE
+
+
+def test_the_last_seen_part_of_the_answer_names_silent_nodes():
+    now = 100.0
+    samples = [
+        Sample({"__name__": LAST_SEEN, "training_job": "job", "fleet_node": "node-a"}, 40.0, now),
+        Sample({"__name__": LAST_SEEN, "training_job": "job", "fleet_node": "node-b"}, 99.0, now),
+    ]
+    back = remote_facts("job", samples, own_node="node-b", asked_at=now)
+    assert back.nodes == () and back.skipped == 0 and back.last_seen == (("node-a", 40.0),)
+
+
+def _lost_job(now: float, frames=REDUCE, moving: bool = False) -> JobView:
+    n = max(1, int(now // 3) + 1)
+    since = max(0.0, now - 2) if moving else 0.0
+    summary = StackSummary({r: _rank(r, frames, now, since, n) for r in (2, 3)}, 4)
+    ranks = tuple(
+        RankView(
+            rank=r, pid=100 + r, alive=True, status="running" if moving else "sleeping",
+            cpu_ratio=1.0 if moving else 0.0, proven=True,
+        )
+        for r in (2, 3)
+    )  # fmt: skip
+    return JobView("job", ranks, has_progress=False, stacks=summary, remote=_last_seen(now, "node-a", 10.0))
+
+
+def test_a_node_lost_while_every_rank_here_waits_in_a_collective_is_kill_worthy_with_its_name():
+    det = Detector()
+    out = [det.update(float(t), [], [_lost_job(float(t))], telemetry_ok=False)[0] for t in range(10, 121)]
+    hung = [s for s in out if s.kill_worthy]
+    assert hung, [(s.verdict, s.cause) for s in out[-3:]]
+    first = hung[0]
+    assert first.cause == "node node-a lost" and first.verdict is Verdict.DEADLOCK_SUSPECTED
+    ev = first.evidence_dict()
+    EvidenceDoc.model_validate(ev)
+    assert str(Signal.NODE_LOST) in ev["signals"] and ev["fleet"]["state"] == "node_lost"
+    assert ev["fleet"]["lost"] == [{"node": "node-a", "last_facts": 10.0}]
+    assert first.onset == 10.0
+    lost_at = 10.0 + 60.0  # [cluster] node_lost_after_s past the last facts
+    assert out.index(first) + 10 <= lost_at + 5
+
+
+def test_a_node_whose_daemon_alone_stopped_while_the_job_moves_never_counts_against_it():
+    det = Detector()
+    for t in range(10, 200):
+        st = det.update(float(t), [], [_lost_job(float(t), moving=True)], telemetry_ok=False)[0]
+        assert not st.kill_worthy and st.verdict not in (
+            Verdict.DEADLOCK_SUSPECTED,
+            Verdict.DEADLOCK_CONFIRMED,
+        )
+    # and ranks here inside a save's collective (a save elsewhere): not frozen in a collective, no kill
+    det = Detector()
+    for t in range(10, 200):
+        assert not det.update(float(t), [], [_lost_job(float(t), frames=WAIT_IN_SAVE)], telemetry_ok=False)[
+            0
+        ].kill_worthy
+
+
+def test_the_detector_judges_the_split_across_nodes_kill_worthy_on_the_node_that_only_sees_a_save():
+    """Node A's view of the reference failure over two nodes: both its ranks inside the save's
+    collective (alone: a save), the step rank on node B (its facts through Prometheus)."""
+
+    def job(now: float) -> JobView:
+        n = max(1, int(now // 3) + 1)
+        summary = StackSummary({r: _rank(r, WAIT_IN_SAVE, now, 0.0, n) for r in (0, 1)}, 4)
+        ranks = tuple(
+            RankView(rank=r, pid=100 + r, alive=True, status="sleeping", cpu_ratio=0.0, proven=True)
+            for r in (0, 1)
+        )
+        b = _node("node-b", now - 1, _remote_rank(2, WAIT_IN_SAVE, now - 1), _remote_rank(3, REDUCE, now - 1))
+        return JobView("job", ranks, has_progress=False, stacks=summary, remote=_answer(now - 1, b))
+
+    det = Detector(DetectorConfig(fleet_node="node-a"))
+    out = [det.update(float(t), [], [job(float(t))], telemetry_ok=False)[0] for t in range(61)]
+    hung = [s for s in out if s.kill_worthy]
+    assert hung, (out[-1].verdict, out[-1].evidence_dict().get("fleet"))
+    ev = hung[0].evidence_dict()
+    assert {str(Signal.STACKS_PHASE_SPLIT), str(Signal.REMOTE_COMPLETE)} <= set(ev["signals"]), ev["signals"]
+    assert ev["fleet"]["odd"] == [{"node": "node-b", "rank": 3}]
+    EvidenceDoc.model_validate(ev)
