@@ -137,16 +137,23 @@ def with_remote(d: Daemon, now: float, jobs: list[JobView]) -> list[JobView]:
             out.append(j)
             continue
         prev = d._verdicts.get(j.job)
-        waiting = j.stacks is not None and any(
-            s.samples > 1 and s.info.phase is StackPhase.COLLECTIVE for s in j.stacks.ranks.values()
-        )
-        d.fleet.request(now, j.job, waiting or (prev is not None and prev not in _CALM))
+        d.fleet.request(now, j.job, _waits_in_a_collective(j) or (prev is not None and prev not in _CALM))
         remote = d.fleet.latest(j.job)
         if remote is None:
             remote = RemoteFacts(j.job, now, error="not asked for: the job was never suspicious", asked=False)
         out.append(replace(j, remote=remote))
     d.fleet.forget({j.job for j in jobs})
     return out
+
+
+def _waits_in_a_collective(j: JobView) -> bool:
+    """A rank's stack waits in a collective, whatever its phase: inside a training step, or inside a
+    save's or an eval's collective (alone a save here; with another node's facts maybe the split
+    deadlock), so the other nodes' facts are worth asking for."""
+    return j.stacks is not None and any(
+        s.samples > 1 and (s.info.phase is StackPhase.COLLECTIVE or s.info.collective is not None)
+        for s in j.stacks.ranks.values()
+    )
 
 
 def node_facts(
