@@ -95,6 +95,8 @@ def make_fleet(config: Config, clock: Callable[[], float] = time.time) -> FleetP
             min_interval_s=c.min_interval_s,
             timeout_s=c.timeout_s,
             max_response_bytes=c.max_response_bytes,
+            stale_after_s=c.stale_after_s,
+            job_rules=c.job_rules,
         ),
         clock=clock,
     )

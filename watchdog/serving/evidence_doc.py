@@ -136,6 +136,9 @@ class FleetDoc(_Doc):
         default=None, description="the world split between a save's/eval's collective and a training step"
     )
     lost: list[FleetLostDoc] | None = Field(default=None, description="the nodes lost (state node_lost)")
+    source: Literal["rules"] | None = Field(
+        default=None, description="rules: judged from the recording rules' aggregates ([cluster] job_rules)"
+    )
 
 
 class EvidenceDoc(_Doc):

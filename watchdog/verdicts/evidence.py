@@ -183,7 +183,8 @@ def fleet_findings(fl: FleetEvidence | None) -> list[Finding]:
     if fl.stacks_complete:
         odd = f"; odd: {fl.named_odd()}" if fl.odd else ""
         how = "split between a save's or an eval's collective and a training step" if fl.split else "frozen"
-        detail = f"every rank of the world {how}, on {len(fl.nodes) + 1} nodes{odd}"
+        nodes = fl.node_count if fl.node_count is not None else len(fl.nodes) + 1
+        detail = f"every rank of the world {how}, on {nodes} nodes{odd}"
         return [hang(Signal.REMOTE_COMPLETE, detail, fl.frozen_since, ranks=fl.odd_ranks())]
     if fl.state is FleetState.COMPLETE:
         return [hang(Signal.REMOTE_COMPLETE, fl.reason, fl.remote_frozen_since)]

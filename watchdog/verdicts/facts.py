@@ -179,15 +179,15 @@ def _fleet(
     )
     if fleet.stacks_complete and sf is not None:
         if fleet.split:  # the world is split across nodes: this node's ranks are one side or both
-            own = cfg.fleet_node
+            in_phase = set(sf.pattern.in_phase_collective)
             sf = dataclasses.replace(
                 sf,
                 complete=True,
                 frozen=False,
                 frozen_since=None,
                 split=True,
-                split_ranks=tuple(r for n, r in fleet.split_ranks if n == own),
-                step_ranks=tuple(r for n, r in fleet.step_ranks if n == own),
+                split_ranks=tuple(r for r in sf.pattern.sampled if r in in_phase),
+                step_ranks=tuple(r for r in sf.pattern.sampled if r not in in_phase),
                 split_since=fleet.frozen_since,
                 odd=fleet.odd_ranks(),
             )

@@ -41,6 +41,7 @@ from typing import Any
 
 from gpu_triage.signals.fleet.facts import SAVE_OR_EVAL, NodeJobFacts
 from gpu_triage.signals.fleet.remote import RemoteFacts
+from gpu_triage.signals.fleet.summary import JobSummary
 from gpu_triage.signals.stacks.dumps import STEP_PHASES, group_key
 from gpu_triage.signals.stacks.evidence import StackFacts
 
@@ -103,6 +104,10 @@ class FleetEvidence:
     step_ranks: tuple[NodeRank, ...] = ()
     lost: tuple[tuple[str, float], ...] = ()
     """(node, its last facts time) of the nodes lost (state ``node_lost``)."""
+    source: str = "facts"
+    """``facts``: every node's raw facts; ``rules``: the job's aggregates from the recording rules."""
+    node_count: int | None = None
+    """How many nodes report on the job (the aggregates name none)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def odd_ranks(self) -> tuple[int, ...]:
@@ -135,6 +140,8 @@ class FleetEvidence:
                 "phase_ranks": [{"node": n, "rank": r} for n, r in self.split_ranks[:MAX_NAMED]],
                 "step_ranks": [{"node": n, "rank": r} for n, r in self.step_ranks[:MAX_NAMED]],
             }
+        if self.source != "facts":
+            doc["source"] = self.source
         if self.lost:
             doc["lost"] = [{"node": n, "last_facts": t} for n, t in self.lost[:MAX_NAMED]]
         if self.veto:
@@ -173,6 +180,8 @@ def fuse(
         return _unknown(f"Prometheus: {remote.error}", age_s=age)
     if age > cfg.stale_after_s:
         return _unknown(f"Prometheus's last answer is {age:.0f} s old", age_s=age)
+    if remote.summary is not None:
+        return _fuse_summary(now, own_node, world_size, local_ranks, local_stacks, remote.summary, cfg, age)
     fresh = [n for n in remote.nodes if now - n.time <= cfg.stale_after_s]
     names = tuple(n.node for n in fresh)
     silent = {n.node: n.time for n in remote.nodes if now - n.time > cfg.stale_after_s}
@@ -310,6 +319,139 @@ class _At:
     since: float | None
 
 
+def _local_frozen(sf: StackFacts | None, local_ranks: Sequence[int], cfg: FusionConfig) -> str | None:
+    """Why this node's own ranks do not let the world complete (None: every one sampled and frozen)."""
+    if sf is None:
+        return "no stacks sampled on this node"
+    if sf.unsampled or set(sf.pattern.sampled) != set(local_ranks):
+        return "this node's ranks' stacks are not all sampled"
+    for rank in local_ranks:
+        s = sf.summary.ranks[rank]
+        if s.samples < cfg.min_samples or s.frozen_s() < cfg.frozen_s:
+            return "this node's ranks' stacks are not all frozen"
+    return None
+
+
+def _fuse_summary(
+    now: float,
+    own_node: str,
+    world_size: int | None,
+    local_ranks: Sequence[int],
+    sf: StackFacts | None,
+    sm: JobSummary,
+    cfg: FusionConfig,
+    age: float,
+) -> FleetEvidence:
+    """The same rule over the recording rules' aggregates (this node's ranks included in them)."""
+    silent = {n: t for n, t in sm.silent if n != own_node}
+    common: dict[str, Any] = {
+        "stale_nodes": tuple(sorted(silent)),
+        "age_s": age,
+        "source": "rules",
+        "node_count": sm.nodes,
+    }
+    vetoes = [f"{n}: its ranks are writing" for n in sm.writing if n != own_node]
+    vetoes += [f"{n}: its ranks are reading" for n in sm.reading if n != own_node]
+    vetoes += [
+        f"{n} rank {r}'s stack is inside {'a checkpoint save' if p == 'checkpoint' else 'an eval'}, "
+        "outside any collective"
+        for n, r, p in sm.save_work
+        if n != own_node
+    ]
+    announced = {n for n, _, _ in sm.announced}
+    waits_in_save = any(g.phase in SAVE_OR_EVAL and g.collective for g in sm.groups)
+    vetoes += [
+        f"{n}: its verdict is checkpoint"
+        for n in sm.checkpoint_nodes
+        if n != own_node and (n in announced or not waits_in_save)
+    ]
+    if vetoes:
+        return FleetEvidence(FleetState.VETO, "; ".join(vetoes[:4]), veto="; ".join(vetoes[:4]), **common)
+    world = world_size if world_size is not None else sm.world_size
+    if world is None:
+        return _unknown("the job's world size is unknown", **common)
+    if sm.rank_reports > sm.ranks_reported:
+        return _unknown(f"{sm.rank_reports - sm.ranks_reported} rank(s) reported by two nodes", **common)
+    missing = world - sm.ranks_reported
+    frozen = _groups_frozen(now, sm, cfg)
+    if missing > 0:
+        base = f"no fresh facts for {missing} of {world} ranks"
+        if not silent:
+            return _unknown(base, **common)
+        where = f"{base}; stale: {', '.join(sorted(silent)[:MAX_NAMED])}"
+        lost = tuple(sorted((n, t) for n, t in silent.items() if now - t >= cfg.node_lost_after_s))
+        if not lost:
+            quiet = min(now - t for t in silent.values())
+            return _unknown(
+                f"{where} (silent for {quiet:.0f} s; lost after {cfg.node_lost_after_s:.0f} s)", **common
+            )
+        if frozen is not None:
+            return FleetEvidence(FleetState.INCOMPLETE, f"{where}; {frozen}", **common)
+        names = ", ".join(n for n, _ in lost[:MAX_NAMED])
+        quiet = max(now - t for _, t in lost)
+        reason = f"node {names} lost: no facts for {quiet:.0f} s ({missing} ranks unreported)"
+        return FleetEvidence(
+            FleetState.NODE_LOST, reason + "; every rank reported is frozen", lost=lost, **common
+        )
+    if silent:  # a wedged daemon: its ranks counted, its facts old
+        return _unknown(f"facts of {', '.join(sorted(silent)[:MAX_NAMED])} are stale", **common)
+    k2: tuple[float | None, float | None] = (None, None)
+    if sm.train_ranks == sm.spinning_ranks == world and sm.active_since_max is not None:
+        k2 = (sm.active_since_max, sm.spin_since_max)
+    why = _local_frozen(sf, local_ranks, cfg) or frozen
+    stacked = sum(g.count for g in sm.groups)
+    if why is None and stacked != world:
+        why = f"{stacked} of {world} ranks have a fresh stack"
+    stacks: dict[str, Any] = {"reason": why}
+    if why is None:
+        since = [g.since_max for g in sm.groups if g.since_max is not None]
+        done = {"complete": True, "odd": sm.odd, "frozen_since": max(since) if since else None}
+        if not any(g.phase in SAVE_OR_EVAL for g in sm.groups):
+            collective = sum(g.count for g in sm.groups if g.phase == "collective")
+            if collective * 2 >= world:
+                stacks = done
+            else:
+                stacks = {"reason": f"only {collective} of {world} ranks wait in a collective"}
+        elif all((g.phase in SAVE_OR_EVAL and g.collective) or g.phase in STEP for g in sm.groups) and any(
+            g.phase in STEP for g in sm.groups
+        ):
+            stacks = {**done, "split": True}
+        else:
+            stacks = {
+                "reason": "ranks inside a save or an eval, but not the others all frozen in a training step"
+            }
+    state = FleetState.COMPLETE if stacks.get("complete") or k2[0] is not None else FleetState.INCOMPLETE
+    reason = str(stacks.get("reason") or "")
+    if state is FleetState.COMPLETE:
+        how = "steps frozen, GPUs spinning"
+        if stacks.get("split"):
+            how = "split between a save's or an eval's collective and a training step"
+        elif stacks.get("complete"):
+            how = "frozen in collectives"
+        reason = f"every rank of the world reported (recording rules, {sm.nodes} nodes): {how}"
+    return FleetEvidence(
+        state,
+        reason,
+        stacks_complete=bool(stacks.get("complete")),
+        odd=stacks.get("odd", ()),
+        frozen_since=stacks.get("frozen_since"),
+        remote_frozen_since=k2[0],
+        remote_spin_since=k2[1],
+        split=bool(stacks.get("split")),
+        **common,
+    )
+
+
+def _groups_frozen(now: float, sm: JobSummary, cfg: FusionConfig) -> str | None:
+    """Why the reported ranks' stacks are not all fresh and frozen (None: they are)."""
+    for g in sm.groups:
+        if g.sampled_min is None or now - g.sampled_min > cfg.fresh_s:
+            return f"{g.count} rank(s) at {g.where}: no fresh stack"
+        if g.frozen_min_s < cfg.frozen_s:
+            return f"a rank at {g.where}: its stack changed {g.frozen_min_s:.0f} s ago"
+    return None
+
+
 def _stacks(
     now: float,
     own_node: str,
@@ -319,15 +461,12 @@ def _stacks(
     fresh: Sequence[NodeJobFacts],
     cfg: FusionConfig,
 ) -> dict[str, Any]:
-    if sf is None:
-        return {"reason": "no stacks sampled on this node"}
-    if sf.unsampled or set(sf.pattern.sampled) != set(local_ranks):
-        return {"reason": "this node's ranks' stacks are not all sampled"}
+    why = _local_frozen(sf, local_ranks, cfg)
+    if why is not None or sf is None:
+        return {"reason": why}
     world: list[_At] = []
     for rank in local_ranks:
         s = sf.summary.ranks[rank]
-        if s.samples < cfg.min_samples or s.frozen_s() < cfg.frozen_s:
-            return {"reason": "this node's ranks' stacks are not all frozen"}
         info = s.info
         world.append(
             _At(own_node, rank, group_key(info), str(info.phase), info.collective is not None, s.same_since)

@@ -12,8 +12,12 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, NodeJobFacts, RankFacts
+
+if TYPE_CHECKING:
+    from gpu_triage.signals.fleet.summary import JobSummary
 
 MAX_RANK = 1 << 20
 """A rank label above this is refused (no job has a million ranks)."""
@@ -69,6 +73,9 @@ class RemoteFacts:
     last_seen: tuple[tuple[str, float], ...] = ()
     """(node, its latest facts time) for every other node that reported on the job within the query's
     lookback, whether its series are current or vanished (a node gone silent)."""
+    summary: JobSummary | None = None
+    """The job's world as the recording rules compute it (``[cluster] job_rules``): then ``nodes`` is
+    empty and the rule judges the aggregates (:mod:`gpu_triage.signals.fleet.summary`)."""
 
 
 @dataclass

@@ -1,0 +1,205 @@
+"""One job's world as the recording rules of ``gpu-watchdog-job`` compute it (pure parsing; the query is
+the client's): the answer stays the same size whatever the job's size.
+
+Reading every node's raw facts (:func:`~gpu_triage.signals.fleet.remote.job_query`) grows with the job:
+a 2,048-rank job answers 5,600 series, and with every node asking, Prometheus sends the square of the
+node count. The rules (``deploy/prometheus/gpu-watchdog.rules.yml``) compute each job's aggregates once
+per evaluation: one series per *group* of ranks whose stacks wait at the same place (call site, phase,
+collective) with its count, the least time any of them has been frozen, the latest time one froze, the
+oldest sample; the ranks reported and the reports (a rank two nodes claim counts twice); the world size;
+the oldest node's facts; the K2 counts; the odd ranks (at most 16). :func:`summary_query` reads those
+for one job, plus - each bounded to a few series - the nodes silent past ``stale_after_s`` and the
+positive signs of a healthy save (nodes writing or reading, ranks doing a save's work, ``checkpoint``
+verdicts, announced saves). :func:`job_summary` turns the answer into a :class:`JobSummary`, which
+:func:`gpu_triage.signals.fleet.fusion.fuse` judges like the raw facts.
+
+The aggregates include this node's own ranks as Prometheus last scraped them; this node's sampler
+must agree (its ranks frozen) on top, so a scrape's delay can only make the rule wait, never complete
+early.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX
+from gpu_triage.signals.fleet.remote import MAX_RANK, Sample
+
+MAX_NAMED = 16
+"""Silent nodes, odd ranks and signs of a save read per answer (the rest are counted, not named)."""
+MAX_GROUPS = 4096
+"""More stack groups than this in one answer is refused (a job whose ranks all wait apart)."""
+RULES_PRESENT = f"training_job:{PREFIX}world_size:max"
+"""The series whose presence says the rules run (else the daemon reads the raw facts)."""
+
+_GROUP = "training_job_where:" + PREFIX
+_JOB = "training_job:" + PREFIX
+
+
+def summary_query(job: str, *, stale_after_s: float) -> str:
+    """The aggregates of one job, the nodes silent past ``stale_after_s`` and the signs of a save."""
+    sel = f"{JOB_LABEL}={json.dumps(job)}"
+    parts = [
+        f'{{__name__=~"training_job(_where)?:{PREFIX}.+",{sel}}}',
+        f"bottomk({MAX_NAMED}, training_job_fleet_node:{PREFIX}last_facts:timestamp_seconds{{{sel}}}"
+        f" < (time() - {stale_after_s:g}))",
+        f"topk(4, {PREFIX}io_active{{{sel}}} == 1)",
+        f"topk(4, {PREFIX}rank_stack_since_timestamp_seconds"
+        f'{{{sel},phase=~"checkpoint|eval",collective=""}})',
+        f'topk(4, {PREFIX}verdict{{{sel},verdict="checkpoint"}} == 1)',
+        f'topk(4, {PREFIX}rank_phase_since_timestamp_seconds{{{sel},phase=~"checkpoint|eval"}})',
+    ]
+    return " or ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class StackGroup:
+    """Ranks whose stacks wait at the same place, across the world."""
+
+    where: str
+    phase: str
+    collective: bool
+    count: int
+    frozen_min_s: float
+    """The least time any of them has been unchanged (as each node last sampled it)."""
+    since_max: float | None
+    sampled_min: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """What the rules say about one job's whole world (this node's ranks included)."""
+
+    nodes: int
+    world_size: int | None
+    oldest_facts: float | None
+    ranks_reported: int
+    rank_reports: int
+    groups: tuple[StackGroup, ...]
+    odd: tuple[tuple[str, int], ...]
+    silent: tuple[tuple[str, float], ...]
+    """(node, its last facts) of the nodes of the job silent past ``stale_after_s``."""
+    writing: tuple[str, ...]
+    reading: tuple[str, ...]
+    save_work: tuple[tuple[str, int, str], ...]
+    """(node, rank, phase) of ranks inside a save or an eval in no collective."""
+    checkpoint_nodes: tuple[str, ...]
+    announced: tuple[tuple[str, int, str], ...]
+    """(node, rank, phase) of ranks that announced a save or an eval (progress files)."""
+    train_ranks: int = 0
+    spinning_ranks: int = 0
+    spin_since_max: float | None = None
+    active_since_max: float | None = None
+
+
+def _num(s: Sample) -> float | None:
+    return s.value if math.isfinite(s.value) else None
+
+
+def _int_label(labels: dict[str, str], key: str) -> int | None:
+    text = labels.get(key, "")
+    if not text.isdigit() or len(text) > 8 or int(text) > MAX_RANK:
+        return None
+    return int(text)
+
+
+def job_summary(job: str, samples: Iterable[Sample]) -> JobSummary | None:
+    """The answer of :func:`summary_query` -> the job's summary; None when the rules do not run
+    (no :data:`RULES_PRESENT` series for the job). Samples of other jobs or with bad labels are skipped."""
+    groups: dict[tuple[str, str, bool], dict[str, float]] = {}
+    job_values: dict[str, float] = {}
+    odd: list[tuple[str, int]] = []
+    silent: list[tuple[str, float]] = []
+    writing: list[str] = []
+    reading: list[str] = []
+    save_work: list[tuple[str, int, str]] = []
+    checkpoint: list[str] = []
+    announced: list[tuple[str, int, str]] = []
+    for s in samples:
+        labels = s.labels
+        name = labels.get("__name__", "")
+        value = _num(s)
+        if labels.get(JOB_LABEL) != job or value is None:
+            continue
+        node = labels.get(NODE_LABEL, "")[:253]
+        if name.startswith(_GROUP):
+            key = (
+                labels.get("where", "")[:160],
+                labels.get("phase", "")[:32],
+                bool(labels.get("collective")),
+            )
+            groups.setdefault(key, {})[name[len(_GROUP) :]] = value
+        elif name == RULES_PRESENT or (name.startswith(_JOB) and "odd_rank" not in name):
+            job_values[name[len(_JOB) :]] = value
+        elif name.startswith(_JOB + "odd_rank"):
+            rank = _int_label(labels, "rank")
+            if rank is not None and node and len(odd) < MAX_NAMED:
+                odd.append((node, rank))
+        elif name == f"training_job_fleet_node:{PREFIX}last_facts:timestamp_seconds" and node:
+            silent.append((node, value))
+        elif name == PREFIX + "io_active" and node:
+            (writing if labels.get("io") == "write" else reading).append(node)
+        elif name == PREFIX + "rank_stack_since_timestamp_seconds" and node:
+            rank = _int_label(labels, "rank")
+            if rank is not None:
+                save_work.append((node, rank, labels.get("phase", "")[:32]))
+        elif name == PREFIX + "verdict" and node:
+            checkpoint.append(node)
+        elif name == PREFIX + "rank_phase_since_timestamp_seconds" and node:
+            rank = _int_label(labels, "rank")
+            if rank is not None:
+                announced.append((node, rank, labels.get("phase", "")[:32]))
+    if "world_size:max" not in job_values:
+        return None
+    if len(groups) > MAX_GROUPS:
+        groups = dict(list(groups.items())[:MAX_GROUPS])
+    out_groups = []
+    for (where, phase, collective), v in sorted(groups.items()):
+        count = int(v.get("stack_ranks:count", 0))
+        if count <= 0:
+            continue
+        out_groups.append(
+            StackGroup(
+                where,
+                phase,
+                collective,
+                count,
+                v.get("stack_frozen:min_seconds", 0.0),
+                v.get("stack_since:max_timestamp_seconds"),
+                v.get("stack_sampled:min_timestamp_seconds"),
+            )
+        )
+    world = job_values.get("world_size:max")
+    actives = [
+        t
+        for t in (
+            job_values.get(k)
+            for k in ("step_changed:max_timestamp_seconds", "train_since:max_timestamp_seconds")
+        )
+        if t is not None
+    ]
+    return JobSummary(
+        nodes=int(job_values.get("nodes:count", 0)),
+        world_size=int(world) if world is not None and 0 < world <= MAX_RANK else None,
+        oldest_facts=job_values.get("facts:min_timestamp_seconds"),
+        ranks_reported=int(job_values.get("ranks_reported:count", 0)),
+        rank_reports=int(job_values.get("rank_reports:count", 0)),
+        groups=tuple(out_groups),
+        odd=tuple(sorted(odd, key=lambda nr: nr[1])),
+        silent=tuple(sorted(silent)),
+        writing=tuple(sorted(set(writing))),
+        reading=tuple(sorted(set(reading))),
+        save_work=tuple(sorted(save_work)),
+        checkpoint_nodes=tuple(sorted(set(checkpoint))),
+        announced=tuple(sorted(announced)),
+        train_ranks=int(job_values.get("train_ranks:count", 0)),
+        spinning_ranks=int(job_values.get("spinning_ranks:count", 0)),
+        spin_since_max=job_values.get("spin_since:max_timestamp_seconds"),
+        active_since_max=max(actives) if actives else None,
+    )
+
+
+__all__ = ["MAX_NAMED", "RULES_PRESENT", "JobSummary", "StackGroup", "job_summary", "summary_query"]
