@@ -673,3 +673,172 @@ def test_the_detector_judges_the_split_across_nodes_kill_worthy_on_the_node_that
     assert {str(Signal.STACKS_PHASE_SPLIT), str(Signal.REMOTE_COMPLETE)} <= set(ev["signals"]), ev["signals"]
     assert ev["fleet"]["odd"] == [{"node": "node-b", "rank": 3}]
     EvidenceDoc.model_validate(ev)
+
+
+# -- the recording rules' aggregates: the same judgment as the raw facts, from a real Prometheus ----
+
+
+class _Nodes:
+    """Loopback HTTP: each simulated node's gpu_watchdog_fleet_* text at /<node>/metrics (the daemon's
+    own exposition code), from a callable that can change what it serves or stop serving it."""
+
+    def __init__(self, facts):
+        self.facts = facts  # node -> list of NodeJobFacts at now (None: the target is down)
+        nodes = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                node = self.path.strip("/").split("/")[0]
+                current = nodes.facts(node, time.time())
+                if current is None:
+                    self.send_error(503)
+                    return
+                registry = CollectorRegistry(auto_describe=False)
+                registry.register(_Facts(current))
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.mark.slow
+def test_the_recording_rules_judge_the_world_as_the_raw_facts_do_from_a_real_prometheus(tmp_path):
+    """Four jobs on two simulated nodes behind a real Prometheus running the shipped rules: the save
+    split across nodes, a writer on the other node, every rank frozen in a collective, and a node that
+    went silent. Node B's judgment from the aggregates ([cluster] job_rules) equals the raw facts'."""
+    import shutil
+
+    import yaml
+
+    from gpu_triage.signals.fleet.summary import job_summary, summary_query
+    from tests.conftest import REPO, require_binary
+    from tests.watchdog.test_dashboard import Prometheus
+
+    binary = require_binary("prometheus", "the recording rules' aggregates")
+    t0 = time.time()
+    lost_after = 10.0  # node A stops serving job "lost" at t0 + 8
+
+    def facts(node: str, now: float):
+        if node != "node-a":
+            return []  # node B's facts are this node's own (not asked for from itself)
+        out = []
+        for job, frames, writing in (
+            ("split", (WAIT_IN_SAVE, WAIT_IN_SAVE), False),
+            ("writer", (SAVING, WAIT_IN_SAVE), True),
+            ("frozen", (BARRIER, REDUCE), False),
+            ("lost", (REDUCE, REDUCE), False),
+        ):
+            if job == "lost" and now > t0 + 8:
+                continue
+            ranks = tuple(_remote_rank(r, f, now - 0.5, since=t0 - 60) for r, f in enumerate(frames))
+            if job == "writer":
+                ranks = (replace(ranks[0], stack_same_since=now - 0.5), ranks[1])
+            out.append(NodeJobFacts(job, "node-a", now, 4, "stalled", None, False, writing, False, ranks))
+        # node B's own facts as Prometheus holds them (the aggregates include every node's ranks)
+        return out
+
+    def facts_b(node: str, now: float):
+        if node == "node-a":
+            return facts(node, now)
+        out = []
+        for job, frames in (
+            ("split", (WAIT_IN_SAVE, REDUCE)),
+            ("writer", (WAIT_IN_SAVE, WAIT_IN_SAVE)),
+            ("frozen", (REDUCE, REDUCE)),
+            ("lost", (REDUCE, REDUCE)),
+        ):
+            ranks = tuple(_remote_rank(r + 2, f, now - 0.5, since=t0 - 60) for r, f in enumerate(frames))
+            out.append(NodeJobFacts(job, "node-b", now, 4, "stalled", None, False, False, False, ranks))
+        return out
+
+    served = _Nodes(facts_b)
+    rules = tmp_path / "rules.yml"
+    shutil.copy(REPO / "deploy" / "prometheus" / "gpu-watchdog.rules.yml", rules)
+    text = rules.read_text().replace("interval: 5s", "interval: 1s")
+    rules.write_text(text)
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [
+            {
+                "job_name": "gpu-watchdog",
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{served.port}"], "labels": {"__metrics_path__": f"/{n}/metrics"}}
+                    for n in ("node-a", "node-b")
+                ],
+            }
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    prom = Prometheus(binary, tmp_path / "prometheus.yml", tmp_path / "data")
+    client = PromClient(prom.url, timeout_s=5.0)
+    cfg = replace(CFG, node_lost_after_s=lost_after)
+    local = {
+        "split": {2: WAIT_IN_SAVE, 3: REDUCE},
+        "writer": {2: WAIT_IN_SAVE, 3: WAIT_IN_SAVE},
+        "frozen": {2: REDUCE, 3: REDUCE},
+        "lost": {2: REDUCE, 3: REDUCE},
+    }
+
+    def both(job: str):
+        now = time.time()
+        sf = _local_frames(now, local[job], since=t0 - 60)
+        raw = remote_facts(job, client.query(job_query(job)).samples, own_node="node-b", asked_at=now)
+        answer = client.query(summary_query(job, stale_after_s=cfg.stale_after_s))
+        summary = job_summary(job, answer.samples)
+        assert summary is not None, "the rules did not run"
+        ruled = RemoteFacts(job, now, summary=summary)
+        kw = {"own_node": "node-b", "world_size": 4, "local_ranks": [2, 3], "local_stacks": sf, "cfg": cfg}
+        return fuse(now, remote=raw, **kw), fuse(now, remote=ruled, **kw), answer
+
+    try:
+        prom.wait_until(
+            "the rules' aggregates of every job",
+            lambda: (
+                len(
+                    prom.api("/api/v1/query", query="training_job:gpu_watchdog_fleet_world_size:max")[
+                        "result"
+                    ]
+                )
+                == 4
+            ),
+        )
+        time.sleep(2.0)
+        expected = {
+            "split": (FleetState.COMPLETE, True, (("node-b", 3),)),
+            "writer": (FleetState.VETO, False, ()),
+            "frozen": (FleetState.COMPLETE, False, (("node-a", 0),)),
+        }
+        for job, (state, split, odd) in expected.items():
+            raw, ruled, answer = both(job)
+            assert (raw.state, raw.split, raw.odd) == (state, split, odd), (job, raw.reason)
+            assert (ruled.state, ruled.split, ruled.odd) == (state, split, odd), (job, ruled.reason)
+            assert ruled.source == "rules" and len(answer.samples) <= 40, (job, len(answer.samples))
+            print(job, "|", raw.reason, "|", ruled.reason, "|", len(answer.samples), "series")
+        # node A stops reporting job "lost": silent, then lost - the same from both
+        prom.wait_until(
+            "node A lost (rules)",
+            lambda: both("lost")[1].state is FleetState.NODE_LOST,
+            timeout_s=60.0,
+        )
+        raw, ruled, _ = both("lost")
+        assert raw.state is FleetState.NODE_LOST and [n for n, _ in raw.lost] == ["node-a"], raw.reason
+        assert [n for n, _ in ruled.lost] == ["node-a"], ruled.reason
+    finally:
+        client.close()
+        prom.stop()
+        served.close()
