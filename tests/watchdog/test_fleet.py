@@ -842,3 +842,32 @@ def test_the_recording_rules_judge_the_world_as_the_raw_facts_do_from_a_real_pro
         client.close()
         prom.stop()
         served.close()
+
+
+def test_the_job_wide_view_gives_both_new_causes():
+    now = 1000.0
+    split_a = NodeJobFacts(
+        "split", "node-a", now - 1, 4, "deadlock_suspected", 900.0, True, False, False,
+        (_remote_rank(0, WAIT_IN_SAVE, now - 1), _remote_rank(1, WAIT_IN_SAVE, now - 1)),
+    )  # fmt: skip
+    split_b = NodeJobFacts(
+        "split", "node-b", now - 1, 4, "deadlock_suspected", 900.0, True, False, False,
+        (_remote_rank(2, WAIT_IN_SAVE, now - 1), _remote_rank(3, REDUCE, now - 1)),
+    )  # fmt: skip
+    lost_b = NodeJobFacts(
+        "lost", "node-b", now - 1, 4, "deadlock_suspected", 900.0, True, False, False,
+        (_remote_rank(2, REDUCE, now - 1), _remote_rank(3, REDUCE, now - 1)),
+    )  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(_Facts([split_a, split_b, lost_b]))
+    samples = _samples(generate_latest(registry).decode(), now)
+    samples.append(
+        Sample({"__name__": LAST_SEEN, "training_job": "lost", "fleet_node": "node-a"}, now - 90, now)
+    )
+    lost, split = analyse(samples, now)
+    assert lost.cause() == "node node-a lost" and lost.silent == (("node-a", now - 90),)
+    assert split.split and split.cause() is not None and "split" in split.cause()
+    assert [(r.node, r.rank) for r in split.odd] == [("node-b", 3)]
+    text = render((lost, split), now)
+    assert "node-a: silent (no facts for 90 s)" in text and "cause: node node-a lost" in text
+    assert lost.to_json(now)["silent_nodes"] == [{"node": "node-a", "last_facts": now - 90}]
