@@ -213,8 +213,10 @@ def _measure(nodes: int, prometheus: str, window_s: float, scrape_s: float) -> d
             c0 = time.process_time()
             try:
                 if mode == "rules":
-                    result = client.query(summary_query(JOB, stale_after_s=cfg.stale_after_s))
-                    summary = job_summary(JOB, result.samples)
+                    result = client.query(summary_query(JOB))
+                    summary = job_summary(
+                        JOB, result.samples, now=time.time(), stale_after_s=cfg.stale_after_s
+                    )
                     remote = RemoteFacts(JOB, time.time(), summary=summary) if summary is not None else None
                 else:
                     result = client.query(job_query(JOB))

@@ -385,9 +385,12 @@ def prometheus_seeds() -> list[bytes]:
         one(tw + "stack_ranks:count", group, 4),
         one(tw + "stack_frozen:min_seconds", group, 58),
         one(tj + "odd_rank:since_timestamp_seconds", {**jl, "fleet_node": "node-a", "rank": "0"}, t - 60),
-        one("training_job_fleet_node:gpu_watchdog_fleet_last_facts:timestamp_seconds",
+        one("training_job_fleet_node:gpu_watchdog_fleet_oldest_facts:timestamp_seconds",
             {**jl, "fleet_node": "node-x"}, t - 90),
-        one("gpu_watchdog_fleet_io_active", {**jl, "fleet_node": "node-a", "io": "write"}, 1),
+        one("training_job_fleet_node:gpu_watchdog_fleet_io_active:first",
+            {**jl, "fleet_node": "node-a", "io": "write"}, 1),
+        one(tj + "save_work_rank:since_timestamp_seconds",
+            {**jl, "fleet_node": "node-a", "rank": "0", "phase": "checkpoint"}, t - 5),
     ]  # fmt: skip
     summary = {"status": "success", "data": {"resultType": "vector", "result": rules}}
     return [json.dumps(ok).encode(), json.dumps(ok, indent=1).encode(), json.dumps(err).encode(),
@@ -412,7 +415,7 @@ def run_prometheus(data: bytes, tmp: Path) -> str:
     remote = remote_facts(job, samples, own_node="node-c", asked_at=1_700_000_001.0)
     fuse(1_700_000_001.0, own_node="node-c", world_size=6, local_ranks=[4, 5], local_stacks=None,
          remote=remote, cfg=FusionConfig())  # fmt: skip
-    summary = job_summary(job, samples)
+    summary = job_summary(job, samples, now=1_700_000_001.0, stale_after_s=15.0)
     if summary is not None:
         fuse(1_700_000_001.0, own_node="node-c", world_size=None, local_ranks=[4, 5], local_stacks=None,
              remote=RemoteFacts(job, 1_700_000_001.0, summary=summary), cfg=FusionConfig())  # fmt: skip

@@ -798,8 +798,8 @@ def test_the_recording_rules_judge_the_world_as_the_raw_facts_do_from_a_real_pro
         now = time.time()
         sf = _local_frames(now, local[job], since=t0 - 60)
         raw = remote_facts(job, client.query(job_query(job)).samples, own_node="node-b", asked_at=now)
-        answer = client.query(summary_query(job, stale_after_s=cfg.stale_after_s))
-        summary = job_summary(job, answer.samples)
+        answer = client.query(summary_query(job))
+        summary = job_summary(job, answer.samples, now=now, stale_after_s=cfg.stale_after_s)
         assert summary is not None, "the rules did not run"
         ruled = RemoteFacts(job, now, summary=summary)
         kw = {"own_node": "node-b", "world_size": 4, "local_ranks": [2, 3], "local_stacks": sf, "cfg": cfg}

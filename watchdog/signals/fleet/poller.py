@@ -124,8 +124,10 @@ class FleetPoller:
             facts = None
             mode = self.config.job_rules
             if mode == "on" or (mode == "auto" and time.monotonic() >= self._no_rules_until):
-                result = self._client.query(summary_query(job, stale_after_s=self.config.stale_after_s))
-                summary = job_summary(job, result.samples)
+                result = self._client.query(summary_query(job))
+                summary = job_summary(
+                    job, result.samples, now=self.clock(), stale_after_s=self.config.stale_after_s
+                )
                 if summary is not None:
                     facts = RemoteFacts(
                         job, self.clock(), query_s=result.seconds, bytes=result.bytes, summary=summary

@@ -8,9 +8,10 @@ per evaluation: one series per *group* of ranks whose stacks wait at the same pl
 collective) with its count, the least time any of them has been frozen, the latest time one froze, the
 oldest sample; the ranks reported and the reports (a rank two nodes claim counts twice); the world size;
 the oldest node's facts; the K2 counts; the odd ranks (at most 16). :func:`summary_query` reads those
-for one job, plus - each bounded to a few series - the nodes silent past ``stale_after_s`` and the
-positive signs of a healthy save (nodes writing or reading, ranks doing a save's work, ``checkpoint``
-verdicts, announced saves). :func:`job_summary` turns the answer into a :class:`JobSummary`, which
+for one job, among them - each bounded to a few series - the job's oldest nodes (the silent ones) and
+the positive signs of a healthy save (nodes writing or reading, ranks doing a save's work, ``checkpoint``
+verdicts, announced saves), each recorded by the rules too, so the query touches recorded series only.
+:func:`job_summary` turns the answer into a :class:`JobSummary`, which
 :func:`gpu_triage.signals.fleet.fusion.fuse` judges like the raw facts.
 
 The aggregates include this node's own ranks as Prometheus last scraped them; this node's sampler
@@ -37,22 +38,18 @@ RULES_PRESENT = f"training_job:{PREFIX}world_size:max"
 
 _GROUP = "training_job_where:" + PREFIX
 _JOB = "training_job:" + PREFIX
+_NODE = "training_job_fleet_node:" + PREFIX
 
 
-def summary_query(job: str, *, stale_after_s: float) -> str:
-    """The aggregates of one job, the nodes silent past ``stale_after_s`` and the signs of a save."""
-    sel = f"{JOB_LABEL}={json.dumps(job)}"
-    parts = [
-        f'{{__name__=~"training_job(_where)?:{PREFIX}.+",{sel}}}',
-        f"bottomk({MAX_NAMED}, training_job_fleet_node:{PREFIX}last_facts:timestamp_seconds{{{sel}}}"
-        f" < (time() - {stale_after_s:g}))",
-        f"topk(4, {PREFIX}io_active{{{sel}}} == 1)",
-        f"topk(4, {PREFIX}rank_stack_since_timestamp_seconds"
-        f'{{{sel},phase=~"checkpoint|eval",collective=""}})',
-        f'topk(4, {PREFIX}verdict{{{sel},verdict="checkpoint"}} == 1)',
-        f'topk(4, {PREFIX}rank_phase_since_timestamp_seconds{{{sel},phase=~"checkpoint|eval"}})',
-    ]
-    return " or ".join(parts)
+LAST_FACTS = f"training_job_fleet_node:{PREFIX}last_facts:timestamp_seconds"
+"""One series per node of the job: the one family of the rules the query leaves out."""
+
+
+def summary_query(job: str) -> str:
+    """The job's recorded aggregates: a few series per job plus one per group of ranks waiting at the
+    same place - never one per node or per rank (the rules record what is named, a few each)."""
+    names = f'__name__=~"training_job(_[a-z_]+)?:{PREFIX}.+",__name__!="{LAST_FACTS}"'
+    return f"{{{names},{JOB_LABEL}={json.dumps(job)}}}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +103,16 @@ def _int_label(labels: dict[str, str], key: str) -> int | None:
     return int(text)
 
 
-def job_summary(job: str, samples: Iterable[Sample]) -> JobSummary | None:
+def job_summary(
+    job: str, samples: Iterable[Sample], *, now: float, stale_after_s: float
+) -> JobSummary | None:
     """The answer of :func:`summary_query` -> the job's summary; None when the rules do not run
-    (no :data:`RULES_PRESENT` series for the job). Samples of other jobs or with bad labels are skipped."""
+    (no :data:`RULES_PRESENT` series for the job). Samples of other jobs or with bad labels are skipped.
+    Of the job's oldest nodes, those whose last facts are older than ``stale_after_s`` are silent."""
     groups: dict[tuple[str, str, bool], dict[str, float]] = {}
     job_values: dict[str, float] = {}
     odd: list[tuple[str, int]] = []
-    silent: list[tuple[str, float]] = []
+    oldest: list[tuple[str, float]] = []
     writing: list[str] = []
     reading: list[str] = []
     save_work: list[tuple[str, int, str]] = []
@@ -132,26 +132,23 @@ def job_summary(job: str, samples: Iterable[Sample]) -> JobSummary | None:
                 bool(labels.get("collective")),
             )
             groups.setdefault(key, {})[name[len(_GROUP) :]] = value
-        elif name == RULES_PRESENT or (name.startswith(_JOB) and "odd_rank" not in name):
-            job_values[name[len(_JOB) :]] = value
         elif name.startswith(_JOB + "odd_rank"):
             rank = _int_label(labels, "rank")
             if rank is not None and node and len(odd) < MAX_NAMED:
                 odd.append((node, rank))
-        elif name == f"training_job_fleet_node:{PREFIX}last_facts:timestamp_seconds" and node:
-            silent.append((node, value))
-        elif name == PREFIX + "io_active" and node:
+        elif name.startswith(_JOB + "save_work_rank") or name.startswith(_JOB + "announced_rank"):
+            rank = _int_label(labels, "rank")
+            if rank is not None and node:
+                named = save_work if "save_work" in name else announced
+                named.append((node, rank, labels.get("phase", "")[:32]))
+        elif name.startswith(_JOB):
+            job_values[name[len(_JOB) :]] = value
+        elif name == _NODE + "oldest_facts:timestamp_seconds" and node:
+            oldest.append((node, value))
+        elif name == _NODE + "io_active:first" and node:
             (writing if labels.get("io") == "write" else reading).append(node)
-        elif name == PREFIX + "rank_stack_since_timestamp_seconds" and node:
-            rank = _int_label(labels, "rank")
-            if rank is not None:
-                save_work.append((node, rank, labels.get("phase", "")[:32]))
-        elif name == PREFIX + "verdict" and node:
+        elif name == _NODE + "checkpoint_verdict:first" and node:
             checkpoint.append(node)
-        elif name == PREFIX + "rank_phase_since_timestamp_seconds" and node:
-            rank = _int_label(labels, "rank")
-            if rank is not None:
-                announced.append((node, rank, labels.get("phase", "")[:32]))
     if "world_size:max" not in job_values:
         return None
     if len(groups) > MAX_GROUPS:
@@ -189,7 +186,7 @@ def job_summary(job: str, samples: Iterable[Sample]) -> JobSummary | None:
         rank_reports=int(job_values.get("rank_reports:count", 0)),
         groups=tuple(out_groups),
         odd=tuple(sorted(odd, key=lambda nr: nr[1])),
-        silent=tuple(sorted(silent)),
+        silent=tuple(sorted((n, t) for n, t in oldest if now - t > stale_after_s)),
         writing=tuple(sorted(set(writing))),
         reading=tuple(sorted(set(reading))),
         save_work=tuple(sorted(save_work)),
