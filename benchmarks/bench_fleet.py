@@ -280,6 +280,17 @@ def _measure(nodes: int, prometheus: str, window_s: float, scrape_s: float) -> d
                 time.sleep(w1 - w0)
                 background = _cpu_s(prom.pid) - c1
                 prom_cpu[mode] = max(0.0, (c1 - c0) - background) / BURST
+            # what the rules cost, once per evaluation whatever the number of pollers
+            rules_eval_s = float("nan")
+            try:
+                for text in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+                    if (
+                        text.startswith("prometheus_rule_group_last_duration_seconds")
+                        and "gpu-watchdog-job" in text
+                    ):
+                        rules_eval_s = float(text.rsplit(" ", 1)[1])
+            except (httpx.HTTPError, ValueError):
+                pass
         finally:
             client.close()
             prom.terminate()
@@ -300,6 +311,7 @@ def _measure(nodes: int, prometheus: str, window_s: float, scrape_s: float) -> d
             "found_after_s": found.get(mode, float("nan")),
             "prom_cpu_s": prom_cpu.get(mode, float("nan")),
             "odd": odd.get(mode, ""),  # type: ignore[dict-item]
+            "rules_eval_s": rules_eval_s,
         }
     return out
 
@@ -326,6 +338,8 @@ def _report(nodes: int, m: dict[str, dict[str, float]]) -> None:
          baseline=every * old["prom_cpu_s"], higher_is_better=False)  # fmt: skip
     line("Prom. MiB/s out, all nodes polling (computed)", every * new["bytes"] / (1 << 20), "MiB/s",
          baseline=every * old["bytes"] / (1 << 20), higher_is_better=False)  # fmt: skip
+    line("gpu-watchdog-job rules: one evaluation (wall)", 1000 * new["rules_eval_s"], "ms",
+         higher_is_better=False)  # fmt: skip
     line("last node's facts -> job-wide verdict", new["found_after_s"], "s", baseline=old["found_after_s"],
          higher_is_better=False)  # fmt: skip
     print(f"  odd rank named: rules {new['odd'] or '(none)'}; raw facts {old['odd'] or '(none)'}")
