@@ -45,7 +45,7 @@ from gpu_triage.signals.fleet.prom_client import PromClient, PromError
 from gpu_triage.signals.fleet.remote import RemoteFacts, job_query, remote_facts
 from gpu_triage.signals.fleet.summary import job_summary, summary_query
 from gpu_triage.signals.stacks.dumps import RankStack, StackInfo, StackPhase, StackSummary
-from gpu_triage.signals.stacks.evidence import StackEvidenceConfig, stack_facts
+from gpu_triage.signals.stacks.stack_facts import StackEvidenceConfig, stack_facts
 
 JOB = "master-10.0.0.1:29500"
 PER_NODE = 8

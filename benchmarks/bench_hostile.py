@@ -74,7 +74,7 @@ def _fill(progress: Path, decoy_pid: int, now: float) -> int:
 
 
 def _measure(hostile: bool, cycles: int) -> tuple[float, float, float, int]:
-    from ft_trainer.progress import ProgressWriter
+    from gpu_triage.contract import ProgressWriter
     from gpu_triage.daemon.config import load_config, override
     from gpu_triage.daemon.loop import Daemon
     from gpu_triage.telemetry.none import NoneSource

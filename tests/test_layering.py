@@ -163,7 +163,7 @@ def test_the_watchdog_never_imports_the_trainer():
     ("source", "expected"),
     [
         ("from gpu_triage.daemon.loop import Daemon\n", "verdicts (layer 3) imports gpu_triage.daemon.loop"),
-        ("def f():\n    from gpu_triage.actions import kill\n", "imports gpu_triage.actions"),
+        ("def f():\n    from gpu_triage.actions import kill_targets\n", "imports gpu_triage.actions"),
         ("from gpu_triage import journal\n", "imports gpu_triage.journal (journal, layer 3)"),
     ],
 )

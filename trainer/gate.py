@@ -320,6 +320,74 @@ def stream_source_check(root: Path, shards: list[dict[str, Any]]) -> Check:
 
 
 # ------------------------------------------------------------------------------------------------ runner
+def _cluster_check(cfg: JobConfig) -> Check:
+    """World size, nodes, GPUs per node, launcher and hostfile agree."""
+    c = cfg.cluster
+    hosts = load_hosts(c.hostfile)
+    problems = check_cluster(
+        world_size=c.world_size,
+        nodes=c.nodes,
+        gpus_per_node=c.gpus_per_node,
+        launcher=c.launcher,
+        hosts=hosts,
+        hostfile_name=str(c.hostfile or "hostfile"),
+    )
+    if problems:
+        return False, "; ".join(problems)
+    hf = f", hostfile {c.hostfile} ({len(hosts)} hosts)" if hosts is not None else ""
+    return True, (
+        f"world_size {c.world_size} = {c.nodes} node(s) x {c.gpus_per_node} GPUs, launcher {c.launcher}{hf}"
+    )
+
+
+def _tokenizer_check(cfg: JobConfig, index: CacheIndex | None) -> Check:
+    """The configured tokenizer is the one the cache was built with."""
+    d = cfg.data
+    if index is None:
+        return False, SKIPPED + "no readable cache manifest (see cache_integrity)"
+    want = index.manifest["tokenizer"]
+    if cfg.model.tokenizer is None:
+        if d.mode == "stream":
+            return False, "stream mode tokenizes at run time: set model.tokenizer (the index's tokenizer)"
+        return True, f"model.tokenizer not set; cache built with {want['file']} ({want['sha256'][:12]})"
+    from ft_trainer.data.tokenization import tokenizer_sha256
+
+    sha = tokenizer_sha256(cfg.model.tokenizer)
+    if sha != want["sha256"]:
+        return False, (
+            f"model.tokenizer {cfg.model.tokenizer} has SHA-256 {sha[:12]}, the cache was built with "
+            f"{want['file']} ({want['sha256'][:12]}): re-tokenize, or point model.tokenizer at the "
+            "cache's tokenizer"
+        )
+    return True, f"{cfg.model.tokenizer} matches the cache's tokenizer ({sha[:12]})"
+
+
+def _memory_check(cfg: JobConfig) -> Check:
+    """The ZeRO-3 memory estimate fits the GPUs and the nodes' memory."""
+    c, d, spec = cfg.cluster, cfg.data, cfg.model.spec
+    z = cfg.zero
+    est = zero3_memory(
+        spec,
+        nodes=c.nodes,
+        gpus_per_node=c.gpus_per_node,
+        seq_len=d.seq_len,
+        micro_batch=d.micro_batch,
+        offload_optimizer=z.offload_optimizer != "none",
+        offload_param=z.offload_param != "none",
+        zero_init=z.zero_init,
+        buffer_factor=z.buffer_factor,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+    )
+    return memory_verdict(
+        est.per_gpu_bytes,
+        est.model_states_per_gpu_bytes,
+        est.activations_per_gpu_bytes,
+        est.cpu_per_node_bytes,
+        c.gpu_memory_gib,
+        c.cpu_memory_gib,
+    )
+
+
 def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
     """Evaluate every invariant for ``cfg``. Never raises for a failing job: failures are invariants."""
     t_start = time.perf_counter()
@@ -344,25 +412,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
         lambda: batch_arithmetic(d.micro_batch, d.grad_accum, c.world_size, d.seq_len, d.global_batch),
     )
 
-    def cluster() -> Check:
-        hosts = load_hosts(c.hostfile)
-        problems = check_cluster(
-            world_size=c.world_size,
-            nodes=c.nodes,
-            gpus_per_node=c.gpus_per_node,
-            launcher=c.launcher,
-            hosts=hosts,
-            hostfile_name=str(c.hostfile or "hostfile"),
-        )
-        if problems:
-            return False, "; ".join(problems)
-        hf = f", hostfile {c.hostfile} ({len(hosts)} hosts)" if hosts is not None else ""
-        return True, (
-            f"world_size {c.world_size} = {c.nodes} node(s) x {c.gpus_per_node} GPUs, launcher "
-            f"{c.launcher}{hf}"
-        )
-
-    run("cluster_agreement", cluster)
+    run("cluster_agreement", lambda: _cluster_check(cfg))
     run(
         "seq_len_within_positions",
         lambda: seq_len_within_positions(d.seq_len, spec.max_positions, model_name),
@@ -390,26 +440,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
     run("cache_integrity", cache)
     index: CacheIndex | None = state.get("index")
 
-    def tokenizer() -> Check:
-        if index is None:
-            return False, SKIPPED + "no readable cache manifest (see cache_integrity)"
-        want = index.manifest["tokenizer"]
-        if cfg.model.tokenizer is None:
-            if d.mode == "stream":
-                return False, "stream mode tokenizes at run time: set model.tokenizer (the index's tokenizer)"
-            return True, f"model.tokenizer not set; cache built with {want['file']} ({want['sha256'][:12]})"
-        from ft_trainer.data.tokenization import tokenizer_sha256
-
-        sha = tokenizer_sha256(cfg.model.tokenizer)
-        if sha != want["sha256"]:
-            return False, (
-                f"model.tokenizer {cfg.model.tokenizer} has SHA-256 {sha[:12]}, the cache was built with "
-                f"{want['file']} ({want['sha256'][:12]}): re-tokenize, or point model.tokenizer at the "
-                "cache's tokenizer"
-            )
-        return True, f"{cfg.model.tokenizer} matches the cache's tokenizer ({sha[:12]})"
-
-    run("tokenizer_matches_cache", tokenizer)
+    run("tokenizer_matches_cache", lambda: _tokenizer_check(cfg, index))
 
     def vocab() -> Check:
         if index is None:
@@ -448,30 +479,7 @@ def run_gate(cfg: JobConfig, *, deep: bool = False) -> GateReport:
         lambda: checkpoint_dir_check(k.dir, need, spec.params, k.bytes_per_param, k.margin, k.keep_last),
     )
 
-    def memory() -> Check:
-        z = cfg.zero
-        est = zero3_memory(
-            spec,
-            nodes=c.nodes,
-            gpus_per_node=c.gpus_per_node,
-            seq_len=d.seq_len,
-            micro_batch=d.micro_batch,
-            offload_optimizer=z.offload_optimizer != "none",
-            offload_param=z.offload_param != "none",
-            zero_init=z.zero_init,
-            buffer_factor=z.buffer_factor,
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-        )
-        return memory_verdict(
-            est.per_gpu_bytes,
-            est.model_states_per_gpu_bytes,
-            est.activations_per_gpu_bytes,
-            est.cpu_per_node_bytes,
-            c.gpu_memory_gib,
-            c.cpu_memory_gib,
-        )
-
-    run("zero3_memory", memory)
+    run("zero3_memory", lambda: _memory_check(cfg))
 
     return GateReport(
         config=str(cfg.path),

@@ -24,7 +24,7 @@ restarted watchdog) can only date the frozen step right from ``step_time``. Read
 them ignore them; without them a reader falls back to ``time``.
 
 Who uses this module: the daemon's reader (``gpu_triage.signals.progress``) takes its field names, phases and
-limits from here; this project's trainer (``ft_trainer.progress`` re-exports the writer) and the
+limits from here; this project's trainer (``ft_trainer.train``) and the
 framework integrations (``gpu_triage.integrations``) write through :class:`ProgressWriter`.
 
 It imports nothing but the standard library: the base install (no dependencies) puts it into any

@@ -23,7 +23,7 @@ from gpu_triage.model.states import Verdict
 from gpu_triage.signals.fleet.facts import NodeJobFacts, RankFacts
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.stacks.dumps import Frame, ThreadStack, classify, group_key
-from gpu_triage.verdicts.detector import DetectorConfig
+from gpu_triage.verdicts.settings import DetectorConfig
 from tests.corpus.harness import Case, Expect, SimRank, World
 
 JOB = "qwen3-32b-ft"

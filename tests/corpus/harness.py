@@ -26,22 +26,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ft_trainer.progress import ProgressWriter
 from gpu_triage.actions.config import ActionsConfig
-from gpu_triage.actions.engine import ActionEngine
+from gpu_triage.actions.interface import Cycle
 from gpu_triage.actions.silences import SilenceBook
-from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.alerts.model import condition_for
 from gpu_triage.classify.tracker import GpuTracker
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.states import KILL_WORTHY_VERDICTS, Mode, Verdict
 from gpu_triage.signals.fleet.remote import RemoteFacts
-from gpu_triage.signals.processes import RankProcess
 from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.ranks import RankProcess
 from gpu_triage.signals.stacks.dumps import Frame, RankStack, StackSummary, ThreadStack, classify
-from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView
+from gpu_triage.verdicts.detector import Detector
 from gpu_triage.verdicts.fusion import job_views
+from gpu_triage.verdicts.settings import DetectorConfig
+from gpu_triage.verdicts.views import GpuView, JobView
+from tests.watchdog.engines import build_engine
 
 T0 = 1_780_000_000.0
 HOST = "corpus-node"
@@ -344,16 +346,12 @@ def run_case(case: Case) -> Result:
         tracker = GpuTracker()
         detector = Detector(case.detector)
         store = EventStore(root / "state", T0)
-        engine = ActionEngine(
-            actions=ActionsConfig(mode=Mode.KILL, dry_run=True),
-            alerts=AlertsConfig(),
-            store=store,
-            state_dir=root / "state",
-            node=HOST,
+        engine = build_engine(
+            store,
+            root / "state",
             clock=now_fn,
-            ras_address=("127.0.0.1", 9),
-            py_spy=None,
-            nvidia_smi=None,
+            node=HOST,
+            actions=ActionsConfig(mode=Mode.KILL, dry_run=True),
         )
         silences = SilenceBook()
         timeline: dict[str, list[tuple[float, Verdict]]] = {}
@@ -409,13 +407,15 @@ def run_case(case: Case) -> Result:
                     if j.job == main_job and j.kill_worthy and first_kw is None:
                         first_kw, first_cause = t, j.cause
                 records = engine.on_cycle(
-                    now,
-                    mode=Mode.KILL,
-                    jobs=results,
-                    processes={k: tuple(v) for k, v in procs.items()},
-                    gpus=statuses,
-                    silences=silences,
-                    progress_dir=progress_dir,
+                    Cycle(
+                        now,
+                        mode=Mode.KILL,
+                        jobs=results,
+                        processes={k: tuple(v) for k, v in procs.items()},
+                        gpus=statuses,
+                        silences=silences,
+                        progress_dir=progress_dir,
+                    )
                 )
                 for rec in records:
                     if rec["action"] == "sigterm" and rec["result"] == "started":

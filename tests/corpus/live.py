@@ -19,11 +19,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ft_trainer.progress import ProgressWriter
 from gpu_triage.actions.config import ActionsConfig
-from gpu_triage.actions.engine import ActionEngine
+from gpu_triage.actions.interface import Cycle
 from gpu_triage.actions.silences import SilenceBook
-from gpu_triage.alerts.config import AlertsConfig
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.loop import progress_claims
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.states import Mode
@@ -32,6 +31,7 @@ from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.verdicts.detector import Detector
 from gpu_triage.verdicts.fusion import job_views
 from tests.spawned import wait_for_exec
+from tests.watchdog.engines import build_engine
 
 JOB = "victim-job"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -92,16 +92,12 @@ def forged_progress_file(duration_s: int = 260) -> ForgedOutcome:
             inspector = ProcessInspector()
             detector = Detector()
             store = EventStore(root / "state", t0)
-            engine = ActionEngine(
-                actions=ActionsConfig(mode=Mode.KILL, dry_run=True),
-                alerts=AlertsConfig(),
-                store=store,
-                state_dir=root / "state",
-                node=host,
+            engine = build_engine(
+                store,
+                root / "state",
                 clock=now_fn,
-                ras_address=("127.0.0.1", 9),
-                py_spy=None,
-                nvidia_smi=None,
+                node=host,
+                actions=ActionsConfig(mode=Mode.KILL, dry_run=True),
             )
             targets: list[int] = []
             reported = False
@@ -126,13 +122,15 @@ def forged_progress_file(duration_s: int = 260) -> ForgedOutcome:
                         if j.job == JOB and (not verdicts or verdicts[-1] != str(j.verdict)):
                             verdicts.append(str(j.verdict))
                     records = engine.on_cycle(
-                        now,
-                        mode=Mode.KILL,
-                        jobs=results,
-                        processes=pview.jobs,
-                        gpus=(),
-                        silences=SilenceBook(),
-                        progress_dir=progress,
+                        Cycle(
+                            now,
+                            mode=Mode.KILL,
+                            jobs=results,
+                            processes=pview.jobs,
+                            gpus=(),
+                            silences=SilenceBook(),
+                            progress_dir=progress,
+                        )
                     )
                     for rec in records:
                         if rec["action"] == "sigterm" and rec["result"] == "started":

@@ -6,7 +6,7 @@ batches) and rank 1 stays in ``train`` with its step frozen - the epoch-end dead
 of the job ignores SIGTERM (a rank stuck in a collective often does), so only a SIGKILL ends it.
 
 Progress goes through the trainer's own writer (``ProgressWriter.from_env`` of the contract module
-``gpu_triage.contract``, which ``ft_trainer.progress`` re-exports) into
+``gpu_triage.contract``, which the trainer writes through) into
 ``$GPU_WATCHDOG_PROGRESS_DIR/$GPU_WATCHDOG_JOB/``, which the cluster's TaskProlog sets. Standard
 library only besides that module, so it runs as an unprivileged job user from a copied directory.
 """
@@ -24,7 +24,7 @@ DEADLOCK_AFTER_STEPS = 25
 
 
 def rank(mode: str) -> None:
-    from gpu_triage.contract import ProgressWriter  # what ft_trainer.progress re-exports
+    from gpu_triage.contract import ProgressWriter  # what the trainer writes through
 
     writer = ProgressWriter.from_env()
     writer.phase("train")

@@ -23,7 +23,7 @@ from ft_trainer.data.data import JobData
 from ft_trainer.devtools.testing import TinyData, launch_local, prepare_tiny_data, write_tiny_job
 from ft_trainer.gate import run_gate
 from ft_trainer.train.throughput import read_metrics
-from gpu_triage.signals.progress import parse_record
+from gpu_triage.signals.progress_model import parse_record
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(420)]
 

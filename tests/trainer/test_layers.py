@@ -3,8 +3,8 @@ one, and nothing in the wheel imports the dev helpers.
 
 Lowest first:
 
-0. ``planning`` (model presets, estimates, the packing plan, equalize, cluster) and ``progress`` (the
-   progress contract's writer, re-exported from ``gpu_triage.contract``) - pure numbers and values;
+0. ``planning`` (model presets, estimates, the packing plan, equalize, cluster) - pure numbers and
+   values (the progress writer is ``gpu_triage.contract``'s, imported from there);
 1. ``config`` - the job file, read into the components' section dataclasses;
 2. ``data`` - corpus, tokenizer, token cache, a rank's batches;
 3. ``gate`` (the pre-launch check) and ``train`` (torch and DeepSpeed) - side by side, neither imports
@@ -28,7 +28,6 @@ TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 PACKAGE = "ft_trainer"
 LAYERS: dict[str, int] = {
     "planning": 0,
-    "progress": 0,
     "config": 1,
     "data": 2,
     "gate": 3,

@@ -33,7 +33,7 @@ from ft_trainer.train.checkpoint import (
 )
 from ft_trainer.train.scaling import load_run, scaling_rows
 from ft_trainer.train.throughput import read_metrics
-from gpu_triage.signals.progress import parse_record
+from gpu_triage.signals.progress_model import parse_record
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(600)]
 

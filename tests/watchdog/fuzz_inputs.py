@@ -223,7 +223,8 @@ def run_config(data: bytes, tmp: Path) -> str:
 
 
 def run_progress(data: bytes, tmp: Path) -> str:
-    from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
+    from gpu_triage.signals.progress import ProgressReader
+    from gpu_triage.signals.progress_model import ProgressFormatError, parse_record
 
     try:
         parse_record(data)
@@ -256,8 +257,8 @@ def run_names(data: bytes, tmp: Path) -> str:
     from gpu_triage.journal import logs
     from gpu_triage.journal.eventstore import EventStore
     from gpu_triage.model.names import job_name_problem, printable
-    from gpu_triage.signals.processes import job_key
     from gpu_triage.signals.progress import ProgressReader
+    from gpu_triage.signals.ranks import job_key
 
     root = tmp / "names"
     shutil.rmtree(root, ignore_errors=True)

@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-from ft_trainer.progress import ProgressWriter
-from gpu_triage.actions.engine import ActionEngine
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.telemetry.none import NoneSource
 from tests.conftest import in_ci
 from tests.spawned import wait_for_exec
+from tests.watchdog.engines import build_engine
 
 GROUP = "wd18train"
 USERS = ("wd18alice", "wd18bob")
@@ -189,16 +189,13 @@ class Node:
         if self.daemon.actions is not None:
             self.daemon.actions.close()
         assert self.daemon.store is not None
-        self.daemon.actions = ActionEngine(
+        self.daemon.actions = build_engine(
+            self.daemon.store,
+            root / "state",
+            clock=self.clock,
+            node=self.daemon.node,
             actions=config.actions,
             alerts=config.alerts,
-            store=self.daemon.store,
-            state_dir=root / "state",
-            node=self.daemon.node,
-            clock=self.clock,
-            ras_address=("127.0.0.1", 9),
-            py_spy=None,
-            nvidia_smi=None,
         )
         self.outcome = Outcome()
         self._seen_records = 0

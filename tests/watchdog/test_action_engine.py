@@ -15,13 +15,16 @@ from typing import Any
 import pytest
 
 from gpu_triage.actions.engine import ActionEngine
-from gpu_triage.actions.evidence import find_py_spy
+from gpu_triage.actions.interface import Cycle
 from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.daemon.config import ActionsConfig, AlertsConfig, SinkConfig
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import GpuState, Mode, Verdict
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.nccl_ras.poller import RasConfig
+from gpu_triage.signals.ranks import RankProcess
+from gpu_triage.signals.stacks.sampler import find_py_spy
+from tests.watchdog.engines import build_engine
 from tests.watchdog.snapshots import T0, gpu_status
 from tests.watchdog.test_alerts import make_job
 from tests.watchdog.test_delivery import FakeClock, Receiver, free_port, receiver, secret_file, wait_until
@@ -85,19 +88,16 @@ def make_engine(
         "capture_timeout_s": 10.0,
         "max_kills_per_hour": 1,
     }
-    return ActionEngine(
+    return build_engine(
+        store,
+        tmp_path / "state",
+        clock=clock,
         actions=ActionsConfig(**{**defaults, **actions_kw}),
         alerts=AlertsConfig(
             sinks=tuple(sinks), resend_interval_s=60.0, retry_initial_s=1.0, retry_max_s=120.0
         ),
-        store=store,
-        state_dir=tmp_path / "state",
-        node="node-a",
-        clock=clock,
-        ras_address=("127.0.0.1", free_port()),
+        ras=RasConfig(host="127.0.0.1", port=free_port()),
         py_spy=py_spy,
-        nvidia_smi=None,
-        delivery_poll_interval_s=0.02,
         adopt_window_s=120.0,
     )
 
@@ -118,13 +118,15 @@ class Driver:
         now = self.clock.advance(1.0)
         gpus = [gpu_status(i, state=GpuState.CHECKPOINT_OR_DEADLOCK, power_w=240.0) for i in range(2)]
         out = self.engine.on_cycle(
-            now,
-            mode=mode,
-            jobs=jobs,
-            processes=procs or {},
-            gpus=gpus,
-            silences=self.silences,
-            progress_dir=None,
+            Cycle(
+                now,
+                mode=mode,
+                jobs=jobs,
+                processes=procs or {},
+                gpus=gpus,
+                silences=self.silences,
+                progress_dir=None,
+            )
         )
         self.records += out
         wait_until(lambda: self.engine.busy == 0, timeout_s=30.0, what="the engine's workers")
@@ -203,7 +205,7 @@ def test_kill_mode_full_ladder_in_order(tmp_path: Path, store: EventStore, procs
             tmp_path,
             clock,
             sinks=[SinkConfig(kind="alertmanager", name="am", url=am.url)],
-            py_spy=find_py_spy(),
+            py_spy=find_py_spy("auto"),
         )
         d = Driver(eng, clock)
         try:
@@ -636,8 +638,8 @@ def test_a_restarted_engine_that_is_not_armed_sends_no_persisted_sigkill(
 
 def test_a_persisted_kill_is_restored_exactly_and_hostile_ones_are_dropped() -> None:
     from gpu_triage.actions.episode import KillState
-    from gpu_triage.actions.kill import KillPlan
-    from gpu_triage.actions.kills import restored_kill, saved_kill
+    from gpu_triage.actions.kill_policy import restored_kill, saved_kill
+    from gpu_triage.actions.kill_targets import KillPlan
     from gpu_triage.model.actions import KillStage
 
     plan = KillPlan((4242,), (4243,), {4242: 1796338649.25, 4243: None, 4244: 1796338650.0})
@@ -698,13 +700,15 @@ def test_five_minute_outage_loses_nothing_and_cycle_time_stays_flat(
             now = clock.advance(1.0)
             started = time.perf_counter()
             d.records += eng.on_cycle(
-                now,
-                mode=Mode.ALERT,
-                jobs=jobs(now),
-                processes={},
-                gpus=[],
-                silences=d.silences,
-                progress_dir=None,
+                Cycle(
+                    now,
+                    mode=Mode.ALERT,
+                    jobs=jobs(now),
+                    processes={},
+                    gpus=[],
+                    silences=d.silences,
+                    progress_dir=None,
+                )
             )
             durations.append(time.perf_counter() - started)
             wait_until(lambda: eng.busy == 0, timeout_s=30.0, what="workers")
@@ -758,7 +762,15 @@ def test_on_cycle_does_no_work_when_nothing_is_due(tmp_path: Path, store: EventS
         for _ in range(2000):
             now = clock.advance(0.1)
             records = eng.on_cycle(
-                now, mode=Mode.KILL, jobs=jobs, processes={}, gpus=[], silences=silences, progress_dir=None
+                Cycle(
+                    now,
+                    mode=Mode.KILL,
+                    jobs=jobs,
+                    processes={},
+                    gpus=[],
+                    silences=silences,
+                    progress_dir=None,
+                )
             )
             # healthy jobs: nothing recorded, queued, stored or handed to a worker
             assert records == []
@@ -775,24 +787,28 @@ def test_on_cycle_never_raises(tmp_path: Path) -> None:
     store.close()  # the store is gone under the engine
     try:
         records = eng.on_cycle(
-            clock.advance(1),
-            mode=Mode.KILL,
-            jobs=[make_job(Verdict.DEADLOCK_CONFIRMED)],
-            processes={},
-            gpus=[],
-            silences=SilenceBook(),
-            progress_dir=None,
+            Cycle(
+                clock.advance(1),
+                mode=Mode.KILL,
+                jobs=[make_job(Verdict.DEADLOCK_CONFIRMED)],
+                processes={},
+                gpus=[],
+                silences=SilenceBook(),
+                progress_dir=None,
+            )
         )
         assert ("ladder", "started") in [(r["action"], r["result"]) for r in records]
         bad = make_job(Verdict.DEADLOCK_SUSPECTED, job="x")
         records = eng.on_cycle(
-            clock.advance(1),
-            mode="nonsense",
-            jobs=[bad],
-            processes={},
-            gpus=[],  # type: ignore[arg-type]
-            silences=SilenceBook(),
-            progress_dir=None,
+            Cycle(
+                clock.advance(1),
+                mode="nonsense",
+                jobs=[bad],
+                processes={},
+                gpus=[],  # type: ignore[arg-type]
+                silences=SilenceBook(),
+                progress_dir=None,
+            )
         )
         assert records and records[-1]["action"] == "engine" and records[-1]["result"] == "error"
     finally:
@@ -847,10 +863,10 @@ def test_an_error_on_one_job_stays_in_that_job(tmp_path: Path, store: EventStore
     eng = make_engine(store, tmp_path, clock)
     real = eng._ladder
 
-    def ladder(ep, job, *args, **kw):
-        if job.job == "bad":
+    def ladder(turn):
+        if turn.job.job == "bad":
             raise ValueError("boom")
-        return real(ep, job, *args, **kw)
+        return real(turn)
 
     eng._ladder = ladder  # type: ignore[method-assign]
     d = Driver(eng, clock)
@@ -885,3 +901,59 @@ def test_a_job_whose_proven_processes_belong_to_several_users_is_never_signalled
     assert refusals and "several users" in refusals[0]["reason"]
     assert not [a for a in d.actions() if a in (("sigterm", "started"), ("sigterm", "ok"))]
     assert all(alive(p) for p in pids)
+
+
+# ------------------------------------------------------------------------ construction (issue 29)
+
+
+def test_the_engine_is_built_from_its_sections_and_one_bundle_of_ports() -> None:
+    """Issue 29: at most six constructor arguments (there were 18)."""
+    import inspect
+
+    params = [p for p in inspect.signature(ActionEngine.__init__).parameters if p != "self"]
+    assert len(params) <= 6, params
+
+
+def test_the_daemon_captures_with_the_ras_address_and_py_spy_of_its_config(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """Issue 29 (an issue-28 defect): the daemon built its engine without ``[ras]`` and ``[stacks]``, so an
+    evidence bundle asked NCCL RAS at the default address and ran whatever py-spy PATH held. Now the
+    engine takes both sections whole: the bundle asks the configured RAS server, and a configured
+    py-spy that is no executable file means none."""
+    from gpu_triage.daemon.config import load_config, override
+    from gpu_triage.daemon.loop import Daemon
+    from gpu_triage.telemetry.none import NoneSource
+    from tests.watchdog.test_ras import RasServer
+
+    ras_server = RasServer()
+    config = override(
+        load_config(None, {}),
+        {
+            "daemon.state_dir": str(tmp_path / "state"),
+            "ras.host": "127.0.0.1",
+            "ras.port": ras_server.port,
+            "stacks.py_spy": str(tmp_path / "no-py-spy-here"),
+            "stacks.enabled": False,
+        },
+        origin="test",
+    )
+    daemon = Daemon(config, NoneSource(), serve_http=False)
+    try:
+        daemon.start()
+        engine = daemon.actions
+        assert isinstance(engine, ActionEngine) and daemon.store is not None
+        _, processes = two_ranks(procs)
+        job = make_job(Verdict.DEADLOCK_SUSPECTED, ranks=2, pids=[p.pid for p in processes[JOB]])
+        engine.on_cycle(Cycle(time.time(), Mode.OBSERVE, jobs=[job], processes=processes))
+        wait_until(lambda: engine.busy == 0, timeout_s=60.0, what="the capture")
+        engine.on_cycle(Cycle(time.time(), Mode.OBSERVE, jobs=[job], processes=processes))
+        evidence = [e for e in daemon.store.since(0, 1000) if e.kind == "evidence"]
+    finally:
+        daemon.close()
+        ras_server.stop()
+    assert len(evidence) == 1
+    items = {i["name"]: i for i in evidence[0].payload["items"]}
+    assert items["nccl_ras"]["status"] == "ok", items["nccl_ras"]
+    assert "VERBOSE STATUS" in ras_server.commands
+    assert items["py_spy"]["status"] == "skipped" and "not found" in items["py_spy"]["error"]

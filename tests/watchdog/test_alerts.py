@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 
 from gpu_triage.alerts.model import (
-    PAGERDUTY_DEDUP_MAX,
-    PAGERDUTY_SUMMARY_MAX,
+    DEDUP_KEY_MAX,
     Alert,
     Condition,
     build_alert,
@@ -23,7 +22,7 @@ from gpu_triage.alerts.model import (
 )
 from gpu_triage.alerts.registry import endpoint, render
 from gpu_triage.alerts.sinks.alertmanager import alertmanager_payload
-from gpu_triage.alerts.sinks.pagerduty import pagerduty_payload
+from gpu_triage.alerts.sinks.pagerduty import PAGERDUTY_SUMMARY_MAX, pagerduty_payload
 from gpu_triage.alerts.sinks.slack import slack_payload
 from gpu_triage.alerts.sinks.webhook import webhook_payload
 from gpu_triage.model.evidence import JobEvidence
@@ -94,7 +93,7 @@ def test_dedup_key_is_node_job_condition_and_bounded() -> None:
     assert dedup_key("node-a", "job-1", Condition.DEADLOCK) == "node-a:job-1:deadlock"
     assert dedup_key("node-a", "job-1", Condition.DEADLOCK) == dedup_key("node-a", "job-1", "deadlock")
     long = dedup_key("n" * 200, "j" * 200, Condition.DEADLOCK)
-    assert len(long) <= PAGERDUTY_DEDUP_MAX
+    assert len(long) <= DEDUP_KEY_MAX
     assert long == dedup_key("n" * 200, "j" * 200, Condition.DEADLOCK)
     assert long != dedup_key("n" * 200, "j" * 199 + "x", Condition.DEADLOCK)
     assert long.endswith(":deadlock")
@@ -263,3 +262,14 @@ def test_ranks_in_pods_are_named_in_the_alert() -> None:
 
 def _alert_of(job: JobStatus):
     return build_alert(job, node="node-a", condition=Condition.DEADLOCK, now=T0, first_seen=T0)
+
+
+def test_a_sink_is_its_name_its_payload_and_data() -> None:
+    """Issue 29: the sink interface is what a sink must do - render an alert - plus its traits as data
+    (it was six members, four of them flags or URL rules each sink re-implemented)."""
+    from gpu_triage.alerts.registry import SINK_KINDS
+    from gpu_triage.alerts.sinks.protocol import SinkKind, SinkTraits
+
+    assert {n for n in vars(SinkKind) if not n.startswith("_")} == {"name", "traits", "payload"}
+    assert all(isinstance(kind.traits, SinkTraits) for kind in SINK_KINDS.values())
+    assert SinkTraits().endpoint("http://hook/x/") == "http://hook/x/"  # a plain URL is used as given

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from ft_trainer.progress import ProgressWriter
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon, progress_claims
-from gpu_triage.signals.processes import ProcessInspector, ProgressClaim, judge_claim
+from gpu_triage.signals.processes import ProcessInspector
 from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.ranks import ProgressClaim, judge_claim
 from gpu_triage.telemetry.none import NoneSource
 from gpu_triage.verdicts.fusion import job_views
 from tests.conftest import in_ci
@@ -144,7 +145,7 @@ def test_a_claim_is_refuted_by_a_contradicting_environment_or_another_owner(reap
 
 
 def test_judge_claim_needs_positive_proof() -> None:
-    from gpu_triage.signals.processes import Candidate
+    from gpu_triage.signals.ranks import Candidate
 
     bare = Candidate(1234, 1, "j", None, None, None, None, (), "environ", proof=(), uid=1000)
     assert "no rank environment" in str(judge_claim(ProgressClaim("j", 0, 1234), bare, None))

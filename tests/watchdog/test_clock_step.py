@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from ft_trainer.progress import ProgressWriter
-from gpu_triage.actions.engine import ActionEngine
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.model.clock import Timeline
 from gpu_triage.telemetry.none import NoneSource
 from tests.corpus.live import spawn_rank
+from tests.watchdog.engines import build_engine
 
 T0_WALL = 1_780_000_000.0
 
@@ -101,15 +101,13 @@ def test_a_wall_clock_step_moves_no_verdict_lease_ladder_step_or_silence(tmp_pat
     daemon.start()
     assert daemon.actions is not None and daemon.store is not None
     daemon.actions.close()  # the same engine without py-spy: a rank in tracing-stop reads "suspended"
-    daemon.actions = ActionEngine(
+    daemon.actions = build_engine(
+        daemon.store,
+        tmp_path / "state",
+        clock=daemon.clock,
+        node=daemon.node,
         actions=config.actions,
         alerts=config.alerts,
-        store=daemon.store,
-        state_dir=tmp_path / "state",
-        node=daemon.node,
-        clock=daemon.clock,
-        py_spy=None,
-        nvidia_smi=None,
     )
     silence = daemon.control.add_silence({"job": "hung"}, 90.0, "known issue", daemon.clock())
     assert silence["id"]

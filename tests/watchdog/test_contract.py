@@ -23,7 +23,8 @@ from gpu_triage.contract import (
     ProgressWriter,
 )
 from gpu_triage.integrations import Progress
-from gpu_triage.signals.progress import ProgressReader, parse_record
+from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.progress_model import parse_record
 from tests.conftest import REPO
 
 JOB = "tiny-job"
@@ -82,7 +83,7 @@ class Block:
             raise ImportError("hidden by the test: " + name)
         return None
 sys.meta_path.insert(0, Block())
-import gpu_triage.contract, gpu_triage.integrations, gpu_triage.integrations.accelerate, ft_trainer.progress
+import gpu_triage.contract, gpu_triage.integrations, gpu_triage.integrations.accelerate
 from gpu_triage.integrations import Progress
 p = Progress.from_env("job-a", env={{"RANK": "1", "WORLD_SIZE": "2"}}, directory={str(tmp_path)!r})
 with p.checkpoint():

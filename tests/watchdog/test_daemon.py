@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ft_trainer.progress import ProgressWriter
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.model.states import GpuState, Verdict

@@ -185,7 +185,7 @@ def test_a_job_the_daemon_killed_reads_killed_and_pages_nothing_new(tmp_path: Pa
     that the test does not reap at once (as `make demo`'s launcher): dead, their pids linger as
     zombies and their last progress records (one rank in epoch_end, one frozen in train) stay readable.
     The receiver is a real loopback server; every page it gets is the deadlock's, fired then resolved."""
-    from ft_trainer.progress import ProgressWriter
+    from gpu_triage.contract import ProgressWriter
     from gpu_triage.telemetry.none import NoneSource
     from tests.corpus.live import spawn_rank
 

@@ -13,7 +13,9 @@ import dataclasses
 from collections.abc import Callable
 
 from gpu_triage.model.states import GpuState, Verdict
-from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView, RankView
+from gpu_triage.verdicts.detector import Detector
+from gpu_triage.verdicts.settings import DetectorConfig
+from gpu_triage.verdicts.views import GpuView, JobView, RankView
 
 C, SPIN, IDLE, STARVE, UNK = (
     GpuState.COMPUTE,

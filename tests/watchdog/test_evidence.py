@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.actions.evidence import (
+from gpu_triage.actions.evidence_bundle import (
     CaptureRequest,
     EvidenceCapture,
     RankTarget,
     bundle_path,
-    find_py_spy,
     prune_bundles,
     safe_name,
 )
-from gpu_triage.actions.kill import CommandResult, SubprocessRunner
+from gpu_triage.actions.kill_targets import CommandResult, SubprocessRunner
+from gpu_triage.signals.stacks.sampler import find_py_spy
 from tests.conftest import require_binary
 from tests.watchdog.snapshots import T0
 from tests.watchdog.test_delivery import free_port
@@ -95,7 +95,7 @@ def ranks() -> Iterator[Ranks]:
 
 
 def py_spy_or_skip() -> str:
-    path = find_py_spy()
+    path = find_py_spy("auto")
     return path if path is not None else require_binary("py-spy", "py-spy dumps of rank processes")
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.actions.evidence import CaptureRequest, EvidenceCapture, RankTarget, bundle_path
+from gpu_triage.actions.evidence_bundle import CaptureRequest, EvidenceCapture, RankTarget, bundle_path
 from gpu_triage.actions.evidence_report import REPORT_FILE, load_bundle, parse_text_dump, write_report
-from gpu_triage.actions.kill import CommandResult
+from gpu_triage.actions.kill_targets import CommandResult
 from tests.watchdog.snapshots import T0
 
 DUMPS = Path(__file__).parent / "stack_dumps"

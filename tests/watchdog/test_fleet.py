@@ -28,9 +28,10 @@ from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError, parse_vector
 from gpu_triage.signals.fleet.remote import LAST_SEEN, RemoteFacts, Sample, job_query, remote_facts
 from gpu_triage.signals.stacks.dumps import StackSummary, group_key
-from gpu_triage.signals.stacks.evidence import StackEvidenceConfig, stack_facts
-from gpu_triage.verdicts.detector import Detector, GpuView, JobView, RankView
+from gpu_triage.signals.stacks.stack_facts import StackEvidenceConfig, stack_facts
+from gpu_triage.verdicts.detector import Detector
 from gpu_triage.verdicts.settings import DetectorConfig
+from gpu_triage.verdicts.views import GpuView, JobView, RankView
 from tests.watchdog.test_stacks import ALLREDUCE, BARRIER, SAVING, WAIT_IN_SAVE, _rank
 
 CFG = FusionConfig(stale_after_s=15.0, frozen_s=20.0, fresh_s=30.0)

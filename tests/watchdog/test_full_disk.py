@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import pytest
 
-from ft_trainer.progress import ProgressWriter
+from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import SinkConfig, load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.telemetry.none import NoneSource

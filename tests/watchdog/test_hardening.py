@@ -27,7 +27,8 @@ from gpu_triage.model.samples import TelemetryUnavailable
 from gpu_triage.model.states import Verdict
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
 from gpu_triage.serving.metrics import make_registry, render
-from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
+from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.progress_model import ProgressFormatError, parse_record
 from gpu_triage.telemetry.factory import make_source
 from gpu_triage.telemetry.none import NoneSource
 from gpu_triage.triage.engine import TriageInputError, TriageOptions, triage_file
@@ -109,7 +110,7 @@ def test_item1_parse_record_raises_only_its_own_error_for_deep_or_constant_input
 
 
 def test_item1_a_job_the_detector_cannot_judge_stays_in_that_job(monkeypatch) -> None:
-    from gpu_triage.verdicts.detector import JobView, RankView
+    from gpu_triage.verdicts.views import JobView, RankView
 
     detector = Detector()
     original = detector._job

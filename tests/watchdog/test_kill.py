@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpu_triage.actions.kill import (
+from gpu_triage.actions.kill_targets import (
     HookError,
     KillExecutor,
     KillPlan,

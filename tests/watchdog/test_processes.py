@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpu_triage.signals.processes import (
+from gpu_triage.signals.processes import ProcessInspector
+from gpu_triage.signals.ranks import (
     Candidate,
-    ProcessInspector,
     choose_gpu,
     gpu_for_local_rank,
     is_launcher,

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from ft_trainer.progress import FIELDS as WRITER_FIELDS
-from ft_trainer.progress import PHASES as WRITER_PHASES
-from ft_trainer.progress import ProgressWriter, progress_dir
-from gpu_triage.signals.progress import (
+from gpu_triage.contract import FIELDS as WRITER_FIELDS
+from gpu_triage.contract import PHASES as WRITER_PHASES
+from gpu_triage.contract import ProgressWriter, progress_dir
+from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.progress_model import (
     FIELDS,
     PHASES,
     LeaseState,
     ProgressFormatError,
-    ProgressReader,
     StaleReason,
     StepTracker,
     lease_state,
@@ -170,7 +170,7 @@ def test_unwritable_directory_logs_once_and_carries_on(
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the directory should be")
     w = ProgressWriter(JOB, 0, 0, 1, directory=blocker / "progress", clock=clock)
-    with caplog.at_level(logging.WARNING, logger="ft_trainer.progress"):
+    with caplog.at_level(logging.WARNING, logger="gpu_triage.contract"):
         assert not w.phase("train")
         for step in range(5):
             clock.advance(1)
@@ -200,14 +200,18 @@ def test_from_env_reads_the_launcher_variables(tmp_path: Path, clock: Clock) -> 
     assert progress_dir({}) == Path("/run/gpu-watchdog/progress")
 
 
-def test_trainer_progress_is_the_contract_writer() -> None:
-    """One contract, not two copies: the trainer's writer is the contract module's, and importing it
-    loads none of the daemon's modules (tests/watchdog/test_contract.py hides the daemon's packages)."""
-    import gpu_triage.contract as contract
+def test_the_trainer_writes_through_the_contract_module_itself() -> None:
+    """One contract, not two copies, and no second name for it (issue 29): the trainer imports the
+    writer from ``gpu_triage.contract``; the ``ft_trainer.progress`` re-export is gone. Importing the
+    contract loads none of the daemon's modules (tests/watchdog/test_contract.py hides the daemon's
+    packages)."""
+    import importlib.util
 
-    assert ProgressWriter is contract.ProgressWriter
+    assert importlib.util.find_spec("ft_trainer.progress") is None
+    loop = (REPO / "trainer" / "train" / "loop.py").read_text()
+    assert "from gpu_triage.contract import" in loop
     code = (
-        "import sys, ft_trainer.progress; print(sorted(m for m in sys.modules if m.startswith('gpu_triage')))"
+        "import sys, gpu_triage.contract; print(sorted(m for m in sys.modules if m.startswith('gpu_triage')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "['gpu_triage', 'gpu_triage.contract']"

@@ -11,7 +11,8 @@ from gpu_triage.model.states import Verdict
 from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.signals.nccl_ras.poller import RasConfig, RasPoller
 from gpu_triage.signals.stacks.dumps import StackSummary
-from gpu_triage.verdicts.detector import Detector, JobView, RankView
+from gpu_triage.verdicts.detector import Detector
+from gpu_triage.verdicts.views import JobView, RankView
 from tests.watchdog.test_delivery import free_port
 from tests.watchdog.test_ras import RasServer
 from tests.watchdog.test_stacks import ALLREDUCE, _rank

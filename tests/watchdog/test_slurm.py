@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.actions.kill import SubprocessRunner
+from gpu_triage.actions.kill_targets import SubprocessRunner
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, kill_argv, parse_squeue, term_argv
 from gpu_triage.cli.slurm_health import drain_reason, health_reasons, node_name, probe
 from gpu_triage.daemon.config import ConfigError, load_config
-from gpu_triage.signals.processes import job_key
+from gpu_triage.signals.ranks import job_key
 from gpu_triage.signals.slurm import (
     SlurmIdentity,
     SlurmRankFacts,

@@ -24,7 +24,8 @@ from gpu_triage.signals.stacks.dumps import (
     stack_pattern,
 )
 from gpu_triage.signals.stacks.sampler import DumpResult, SamplerConfig, StackSampler, find_py_spy
-from gpu_triage.verdicts.detector import Detector, JobView, RankView
+from gpu_triage.verdicts.detector import Detector
+from gpu_triage.verdicts.views import JobView, RankView
 from tests.conftest import in_ci
 
 DUMPS = Path(__file__).parent / "stack_dumps"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpu_triage.actions.kill import Identity, ProcEntry, plan_kill
+from gpu_triage.actions.kill_targets import Identity, ProcEntry, plan_kill
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.names import job_name_problem, printable, safe_job_key
@@ -21,8 +21,9 @@ from gpu_triage.model.snapshot import Snapshot
 from gpu_triage.model.states import Mode
 from gpu_triage.serving.api import create_app
 from gpu_triage.serving.publish import SnapshotHolder
-from gpu_triage.signals.processes import Candidate, job_key, kernel_scope, name_groups
-from gpu_triage.signals.progress import ProgressFormatError, ProgressReader, parse_record
+from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.progress_model import ProgressFormatError, parse_record
+from gpu_triage.signals.ranks import Candidate, job_key, kernel_scope, name_groups
 
 FORGED = "x\n2026-12-03 10:00:00,000 CRITICAL gpu_watchdog.events: kill job=prod sigterm ok"
 

@@ -156,6 +156,54 @@ def _cleanup(out: Path, names: set[str]) -> None:
             f.unlink(missing_ok=True)
 
 
+def _tokenize_units(
+    jobs: list[dict[str, Any]],
+    todo: list[WorkUnit],
+    workers: int,
+    tok_file: Path,
+    entries: dict[int, dict[str, Any]],
+    *,
+    progress: bool,
+) -> int:
+    """Tokenize the pending shards (in this process, or a spawn pool of ``workers``), adding each
+    finished shard's entry to ``entries``; the number of new tokens."""
+    new_tokens = 0
+    from tqdm import tqdm
+
+    with tqdm(
+        total=sum(u.size_bytes for u in todo),
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=f"pretokenize {len(todo)} shard(s)",
+        disable=not progress,
+        dynamic_ncols=True,
+    ) as bar:
+        if workers == 1:
+            for job in jobs:
+                e = _process_unit(job)
+                entries[job["unit"].index] = e
+                new_tokens += e["num_tokens"]
+                bar.update(job["unit"].size_bytes)
+        elif jobs:
+            ctx = mp.get_context("spawn")
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(str(tok_file),))
+            try:
+                by_name = {u.name: u for u in todo}
+                for e in pool.imap_unordered(_process_unit, jobs):
+                    u = by_name[e["name"]]
+                    entries[u.index] = e
+                    new_tokens += e["num_tokens"]
+                    bar.update(u.size_bytes)
+                pool.close()
+            except BaseException:
+                pool.terminate()
+                raise
+            finally:
+                pool.join()
+    return new_tokens
+
+
 def pretokenize(opts: PretokenizeOptions) -> PretokenizeResult:
     """Build (or resume) the cache. Raises :class:`ft_trainer.data.sources.SourceError`,
     ``FileNotFoundError`` or ``ValueError`` on bad input; ``KeyboardInterrupt`` propagates after the
@@ -201,40 +249,7 @@ def pretokenize(opts: PretokenizeOptions) -> PretokenizeResult:
     ]
     workers = opts.workers or min(os.cpu_count() or 1, 8)
     workers = max(1, min(workers, len(jobs)))
-    new_tokens = 0
-    from tqdm import tqdm
-
-    with tqdm(
-        total=sum(u.size_bytes for u in todo),
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc=f"pretokenize {len(todo)} shard(s)",
-        disable=not opts.progress,
-        dynamic_ncols=True,
-    ) as bar:
-        if workers == 1:
-            for job in jobs:
-                e = _process_unit(job)
-                entries[job["unit"].index] = e
-                new_tokens += e["num_tokens"]
-                bar.update(job["unit"].size_bytes)
-        elif jobs:
-            ctx = mp.get_context("spawn")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(str(tok_file),))
-            try:
-                by_name = {u.name: u for u in todo}
-                for e in pool.imap_unordered(_process_unit, jobs):
-                    u = by_name[e["name"]]
-                    entries[u.index] = e
-                    new_tokens += e["num_tokens"]
-                    bar.update(u.size_bytes)
-                pool.close()
-            except BaseException:
-                pool.terminate()
-                raise
-            finally:
-                pool.join()
+    new_tokens = _tokenize_units(jobs, todo, workers, tok_file, entries, progress=opts.progress)
 
     complete = len(entries) == len(units)
     manifest = None

@@ -220,6 +220,83 @@ def _py_spy_excerpt(bundle: Path) -> list[str]:
     return out
 
 
+def _watch_job(
+    n: Narrator, base: str, run: Any, am_url: str | None, summary: dict[str, Any]
+) -> tuple[dict[str, Any], list[Any]]:
+    """Poll the daemon's ``/status`` and ``/events`` (and Alertmanager) once a second, narrating each
+    new verdict and action, until the job is gone and its alert resolved (at most 300 s): what was
+    seen when, and every ``/status`` poll (the timeline picture's points)."""
+    seen: dict[str, Any] = {}
+    points: list[Any] = []  # /status polls of the job: the timeline picture's steps (and power)
+    last_line = ""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        st = _status(base)
+        if st is not None:
+            points.append(st)
+        job = next((j for j in (st or {}).get("jobs", []) if j["job"] == JOB), None)
+        if job is not None:
+            ranks = ", ".join(f"rank {r['rank']} {r['phase'] or '?'} step {r['step']}" for r in job["ranks"])
+            line = f"{job['verdict']}: {ranks}"
+            if line != last_line:
+                n.say(line, good=False if job["verdict"].startswith("deadlock") else None)
+                last_line = line
+            if job["verdict"] == "deadlock_suspected" and "suspected" not in seen:
+                seen["suspected"] = job.get("raised") or time.time()  # the daemon's time, not the poll
+                seen["onset"] = job["onset"]
+                summary["signals"] = job["evidence"].get("signals", [])
+                summary["evidence"] = {
+                    k: job["evidence"].get(k)
+                    for k in (
+                        "phases",
+                        "steps",
+                        "steps_frozen_since",
+                        "live_leases",
+                        "telemetry",
+                        "bytes_written_recently",
+                    )
+                }
+            if job["verdict"] == "deadlock_confirmed" and "confirmed" not in seen:
+                seen["confirmed"] = job.get("raised") or time.time()
+        for e in _events(base):
+            if e.get("job") != JOB:  # a shared machine's other jobs have events too
+                continue
+            p = e.get("payload", {})
+            key = f"{p.get('action')}/{p.get('result')}" if e["kind"] == "action" else e["kind"]
+            if (
+                key
+                in (
+                    "capture/started",
+                    "evidence",
+                    "alert/queued",
+                    "sigterm/started",
+                    "sigterm/ok",
+                    "sigkill/ok",
+                    "sigkill/not_needed",
+                    "resolve/queued",
+                )
+                and key not in seen
+            ):
+                seen[key] = e["time"]
+                if key == "evidence":
+                    seen["bundle"] = p.get("path")
+                n.say(f"event: {key}" + (f" {p.get('path')}" if key == "evidence" else ""))
+        if am_url and "alert/queued" in seen and "alertmanager" not in seen:
+            mine = _am_alerts(am_url)
+            if mine:
+                seen["alertmanager"] = time.time()
+                summary["alertmanager_alerts"] = [a["labels"] for a in mine]
+                n.say(
+                    f"Alertmanager received it: {mine[0]['labels'].get('alertname')} "
+                    f"(severity {mine[0]['labels'].get('severity')}, state {mine[0]['status']['state']})",
+                    good=True,
+                )
+        if not any(run.alive()) and "resolve/queued" in seen:
+            break
+        time.sleep(1.0)
+    return seen, points
+
+
 def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
     n = Narrator(color)
     root = out.resolve()
@@ -290,76 +367,7 @@ def run_demo(out: Path, *, color: bool) -> dict[str, Any]:
         run = launch_local(off, log_dir=root / "logs-off", progress_dir=progress, job=JOB)
         cleanup.append(run)
         n.say(f"launched 2 ranks (pids {run.pids}, process group {run.pgid})")
-        seen: dict[str, Any] = {}
-        points: list[Any] = []  # /status polls of the job: the timeline picture's steps (and power)
-        last_line = ""
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            st = _status(base)
-            if st is not None:
-                points.append(st)
-            job = next((j for j in (st or {}).get("jobs", []) if j["job"] == JOB), None)
-            if job is not None:
-                ranks = ", ".join(
-                    f"rank {r['rank']} {r['phase'] or '?'} step {r['step']}" for r in job["ranks"]
-                )
-                line = f"{job['verdict']}: {ranks}"
-                if line != last_line:
-                    n.say(line, good=False if job["verdict"].startswith("deadlock") else None)
-                    last_line = line
-                if job["verdict"] == "deadlock_suspected" and "suspected" not in seen:
-                    seen["suspected"] = job.get("raised") or time.time()  # the daemon's time, not the poll
-                    seen["onset"] = job["onset"]
-                    summary["signals"] = job["evidence"].get("signals", [])
-                    summary["evidence"] = {
-                        k: job["evidence"].get(k)
-                        for k in (
-                            "phases",
-                            "steps",
-                            "steps_frozen_since",
-                            "live_leases",
-                            "telemetry",
-                            "bytes_written_recently",
-                        )
-                    }
-                if job["verdict"] == "deadlock_confirmed" and "confirmed" not in seen:
-                    seen["confirmed"] = job.get("raised") or time.time()
-            for e in _events(base):
-                if e.get("job") != JOB:  # a shared machine's other jobs have events too
-                    continue
-                p = e.get("payload", {})
-                key = f"{p.get('action')}/{p.get('result')}" if e["kind"] == "action" else e["kind"]
-                if (
-                    key
-                    in (
-                        "capture/started",
-                        "evidence",
-                        "alert/queued",
-                        "sigterm/started",
-                        "sigterm/ok",
-                        "sigkill/ok",
-                        "sigkill/not_needed",
-                        "resolve/queued",
-                    )
-                    and key not in seen
-                ):
-                    seen[key] = e["time"]
-                    if key == "evidence":
-                        seen["bundle"] = p.get("path")
-                    n.say(f"event: {key}" + (f" {p.get('path')}" if key == "evidence" else ""))
-            if am_url and "alert/queued" in seen and "alertmanager" not in seen:
-                mine = _am_alerts(am_url)
-                if mine:
-                    seen["alertmanager"] = time.time()
-                    summary["alertmanager_alerts"] = [a["labels"] for a in mine]
-                    n.say(
-                        f"Alertmanager received it: {mine[0]['labels'].get('alertname')} "
-                        f"(severity {mine[0]['labels'].get('severity')}, state {mine[0]['status']['state']})",
-                        good=True,
-                    )
-            if not any(run.alive()) and "resolve/queued" in seen:
-                break
-            time.sleep(1.0)
+        seen, points = _watch_job(n, base, run, am_url, summary)
         gone = not any(run.alive())
         n.say("every rank of the job is gone" if gone else "the job is still running", good=gone)
         summary["daemon_log"] = _daemon_log_lines(root / "daemon.log", JOB)

@@ -61,7 +61,8 @@ def _configure_logging(rank: int, verbose: bool) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """Run one rank. Exit 0 done, 1 training failed, 2 bad job file or launch."""
     from ft_trainer.config import ConfigError, load_config
-    from ft_trainer.train.loop import RankEnv, Trainer, TrainError
+    from ft_trainer.train.loop import Trainer
+    from ft_trainer.train.rank import RankEnv, TrainError
     from ft_trainer.train.settings import train_settings
 
     rank = int(os.environ.get("RANK", "0"))

@@ -7,7 +7,7 @@ micro-batches: one ``engine.backward`` / ``engine.step`` per micro-batch, an opt
 a rank with fewer micro-batches reaches the end-of-epoch collective while another still waits in a
 forward pass - the epoch-end deadlock, reproduced for real.
 
-What the watchdog sees (``gpu_triage.contract`` via ``ft_trainer.progress``, ``lease_scope`` "job": every
+What the watchdog sees (``gpu_triage.contract``, ``lease_scope`` "job": every
 rank announces every phase): ``init`` with a lease while the model loads, ``train``
 with the step after every optimizer step, ``epoch_end`` with a lease around the end-of-epoch collectives
 (epoch statistics, equalize of the next epoch), ``checkpoint`` with a lease derived from the measured save
@@ -22,12 +22,10 @@ import logging
 import os
 import random
 import socket
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +34,6 @@ from ft_trainer.config import JobConfig
 from ft_trainer.data.data import JobData
 from ft_trainer.planning.estimates import checkpoint_bytes
 from ft_trainer.planning.plan import plan_fingerprint
-from ft_trainer.progress import MIN_INTERVAL_S, ProgressWriter, progress_dir
 from ft_trainer.train.checkpoint import (
     FAULT_ENV,
     CheckpointManager,
@@ -45,6 +42,7 @@ from ft_trainer.train.checkpoint import (
     save_lease_s,
 )
 from ft_trainer.train.ds_config import bf16_enabled, build_ds_config, load_override, optimizer_impl
+from ft_trainer.train.rank import ProgressReporter, RankEnv, TrainError, resolve_device
 from ft_trainer.train.schedule import LrSchedule, total_optimizer_steps
 from ft_trainer.train.settings import Settings
 from ft_trainer.train.throughput import (
@@ -53,121 +51,12 @@ from ft_trainer.train.throughput import (
     lookup_peak_flops,
     measure_cpu_matmul_flops,
 )
+from gpu_triage.contract import ProgressWriter, progress_dir
 
-__all__ = ["RankEnv", "TrainError", "TrainResult", "Trainer", "resolve_device"]
+__all__ = ["TrainResult", "Trainer"]
 
 log = logging.getLogger("ft_trainer.train")
 STATE_FORMAT = 1
-
-
-class TrainError(RuntimeError):
-    """A problem the operator must fix (world size, checkpoint); reported without a traceback."""
-
-
-@dataclass(frozen=True)
-class RankEnv:
-    """What the launcher (torchrun, deepspeed, or our test helper) tells each process."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> RankEnv:
-        try:
-            rank = int(env.get("RANK", "0"))
-            local = int(env.get("LOCAL_RANK", "0"))
-            world = int(env.get("WORLD_SIZE", "1"))
-        except ValueError as exc:
-            raise TrainError(f"RANK/LOCAL_RANK/WORLD_SIZE must be integers: {exc}") from None
-        if not (0 <= rank < world and local >= 0):
-            raise TrainError(f"RANK {rank}, LOCAL_RANK {local}, WORLD_SIZE {world}: inconsistent")
-        return cls(rank, local, world)
-
-
-def resolve_device(settings: Settings, env: Mapping[str, str]) -> str:
-    """``cuda`` or ``cpu``: the configured device, or (auto) cuda when torch sees a GPU and
-    ``DS_ACCELERATOR`` is not ``cpu``."""
-    if settings.train.device != "auto":
-        return settings.train.device
-    if env.get("DS_ACCELERATOR", "").lower() == "cpu":
-        return "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-class _Progress:
-    """The progress writer, plus a per-rank history (every record written, one JSON per line) and a
-    flusher thread.
-
-    ``ProgressWriter.step`` writes at most once a second and keeps later steps pending; a rank that then
-    blocks in a collective would leave its file behind its real step. The flusher writes a pending
-    record once the second has passed, so a hung rank's file shows its true last step (within
-    ``interval_s``). A lock serialises the two threads' writes."""
-
-    def __init__(
-        self, writer: ProgressWriter | None, history: Path | None, interval_s: float = MIN_INTERVAL_S
-    ) -> None:
-        self.writer = writer
-        self.history = None
-        self.current = "init"
-        self.interval_s = interval_s
-        self._lock = threading.Lock()
-        self._last_write_s = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        if writer is not None and history is not None:
-            try:
-                history.parent.mkdir(parents=True, exist_ok=True)
-                self.history = open(history, "a", encoding="utf-8")  # noqa: SIM115 (kept for the run)
-            except OSError as exc:
-                log.warning("cannot write the progress history %s: %s", history, exc)
-
-    def start_flusher(self) -> None:
-        if self.writer is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._flush_loop, name="progress-flush", daemon=True)
-            self._thread.start()
-
-    def _flush_loop(self) -> None:
-        while not self._stop.wait(self.interval_s / 2):
-            with self._lock:
-                if time.monotonic() - self._last_write_s >= self.interval_s:
-                    self._log(self.writer.flush() if self.writer is not None else False)
-
-    def _log(self, wrote: bool) -> None:
-        if not wrote or self.writer is None:
-            return
-        self._last_write_s = time.monotonic()
-        if self.history is not None:
-            self.history.write(json.dumps(self.writer.record) + "\n")
-            self.history.flush()
-
-    def phase(self, phase: str, lease_s: float | None = None) -> None:
-        self.current = phase
-        if self.writer is not None:
-            with self._lock:
-                self._log(self.writer.phase(phase, lease_s=lease_s))
-
-    def step(self, step: int, epoch: int, tokens: int) -> None:
-        if self.writer is not None:
-            with self._lock:
-                self._log(self.writer.step(step, epoch=epoch, tokens=tokens))
-
-    def flush(self) -> None:
-        if self.writer is not None:
-            with self._lock:
-                self._log(self.writer.flush())
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        with self._lock:
-            if self.history is not None:
-                self.history.close()
-                self.history = None
 
 
 @dataclass
@@ -206,7 +95,7 @@ class Trainer:
         history = (
             self.metrics_dir / "progress" / f"rank-{self.rank}.jsonl" if settings.progress.history else None
         )
-        self.progress = _Progress(writer, history)
+        self.progress = ProgressReporter(writer, history)
         self.progress.phase("init", lease_s=settings.progress.init_lease_s)
         self.progress.start_flusher()
         # loop state (restored on resume)
@@ -242,57 +131,10 @@ class Trainer:
                 f"{cfg.cluster.world_size}: the data plan is computed for the job's world size; fix the "
                 "launch or the job file (and rerun ft-trainer gate)"
             )
-        self.device = resolve_device(s, self.env)
-        if self.device == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         t0 = time.perf_counter()
-        import torch
-
-        if self.device == "cpu" and s.train.cpu_threads:
-            torch.set_num_threads(s.train.cpu_threads)
-        import deepspeed
-
-        if self.device == "cpu":
-            # DeepSpeed's CPU backend JIT-compiles a shared-memory op used only by inference all-reduce;
-            # training never calls it, and skipping it saves a C++ build (~40 s) on every fresh machine.
-            import importlib
-
-            # (by module path: the attribute deepspeed.comm.torch is the torch package itself)
-            shm_module: Any = importlib.import_module("deepspeed.comm.torch")
-            shm_module.build_shm_op = lambda: None
-        backend = s.train.dist_backend
-        if backend == "auto":
-            backend = "nccl" if self.device == "cuda" else "gloo"
-        if self.device == "cuda":
-            torch.cuda.set_device(self.ranks.local_rank)
-        deepspeed.init_distributed(
-            dist_backend=backend, timeout=timedelta(seconds=s.train.collective_timeout_s), verbose=False
-        )
+        torch, deepspeed = self._start_distributed()
         self._seed(cfg.seed)
-
-        # the data plan of every epoch: total steps for the LR schedule, and the fingerprint the gate printed
-        self.data = JobData.open(cfg)
-        counts, used_tokens = [], []
-        plans = []
-        for e in range(cfg.epochs):
-            plan = self.data.epoch_plan(e)
-            plans.append(plan)
-            counts.append(int(plan.micro_batches.min()))  # one schedule on every rank, even unequalized
-            used_tokens.append(int(plan.used_tokens.sum()))
-        self.fingerprint = plan_fingerprint(plans)
-        del plans
-        self.steps_per_epoch = [c // cfg.data.grad_accum for c in counts]
-        self.tokens_per_epoch = used_tokens
-        total = s.optim.total_steps or total_optimizer_steps(counts, cfg.data.grad_accum)
-        o = s.optim
-        self.schedule = LrSchedule.build(
-            base_lr=o.lr,
-            total_steps=total,
-            warmup_steps=o.warmup_steps,
-            warmup_ratio=o.warmup_ratio,
-            schedule=o.schedule,
-            min_lr_ratio=o.min_lr_ratio,
-        )
+        self._plan_epochs()
 
         ds_config = load_override(cfg, s, build_ds_config(cfg, s, device=self.device))
         self.ds_config = ds_config
@@ -370,6 +212,64 @@ class Trainer:
             self.steps_per_epoch,
             self.fingerprint,
             f", resumed from {self.resumed_from} at step {self.step}" if self.resumed_from else "",
+        )
+
+    def _start_distributed(self) -> tuple[Any, Any]:
+        """Pick the device, import torch and DeepSpeed for it and join the process group; the two
+        modules."""
+        s = self.settings
+        self.device = resolve_device(s, self.env)
+        if self.device == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import torch
+
+        if self.device == "cpu" and s.train.cpu_threads:
+            torch.set_num_threads(s.train.cpu_threads)
+        import deepspeed
+
+        if self.device == "cpu":
+            # DeepSpeed's CPU backend JIT-compiles a shared-memory op used only by inference all-reduce;
+            # training never calls it, and skipping it saves a C++ build (~40 s) on every fresh machine.
+            import importlib
+
+            # (by module path: the attribute deepspeed.comm.torch is the torch package itself)
+            shm_module: Any = importlib.import_module("deepspeed.comm.torch")
+            shm_module.build_shm_op = lambda: None
+        backend = s.train.dist_backend
+        if backend == "auto":
+            backend = "nccl" if self.device == "cuda" else "gloo"
+        if self.device == "cuda":
+            torch.cuda.set_device(self.ranks.local_rank)
+        deepspeed.init_distributed(
+            dist_backend=backend, timeout=timedelta(seconds=s.train.collective_timeout_s), verbose=False
+        )
+        return torch, deepspeed
+
+    def _plan_epochs(self) -> None:
+        """The data plan of every epoch: steps and tokens per epoch, the LR schedule over the total
+        steps, and the plan's fingerprint (the one the gate printed)."""
+        cfg, s = self.cfg, self.settings
+        self.data = JobData.open(cfg)
+        counts, used_tokens = [], []
+        plans = []
+        for e in range(cfg.epochs):
+            plan = self.data.epoch_plan(e)
+            plans.append(plan)
+            counts.append(int(plan.micro_batches.min()))  # one schedule on every rank, even unequalized
+            used_tokens.append(int(plan.used_tokens.sum()))
+        self.fingerprint = plan_fingerprint(plans)
+        del plans
+        self.steps_per_epoch = [c // cfg.data.grad_accum for c in counts]
+        self.tokens_per_epoch = used_tokens
+        total = s.optim.total_steps or total_optimizer_steps(counts, cfg.data.grad_accum)
+        o = s.optim
+        self.schedule = LrSchedule.build(
+            base_lr=o.lr,
+            total_steps=total,
+            warmup_steps=o.warmup_steps,
+            warmup_ratio=o.warmup_ratio,
+            schedule=o.schedule,
+            min_lr_ratio=o.min_lr_ratio,
         )
 
     def _logged_elapsed_s(self) -> float:

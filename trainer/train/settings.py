@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ft_trainer.config import ConfigError, JobConfig
-from ft_trainer.progress import check_job_name
 from ft_trainer.train.throughput import PEAK_BF16_DENSE_FLOPS
+from gpu_triage.contract import check_job_name
 from gpu_triage.model.config_schema import MISSING, Invalid, setting
 
 __all__ = [

@@ -19,7 +19,7 @@ from gpu_triage.actions.delivery import Delivery
 from gpu_triage.actions.episode import Episode
 from gpu_triage.actions.ladder import next_step_text
 from gpu_triage.actions.records import KV_ACTIVE, KvState, Records
-from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.actions.turn import JobTurn
 from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.alerts.model import Alert, build_alert, gpu_hours, resolve
 from gpu_triage.alerts.registry import sink_kind
@@ -62,7 +62,7 @@ class AlertBook:
         self._limbo: dict[str, Alert] = {}
         self._limbo_until: float | None = None
         self._next_resend: float | None = None
-        self._am_sinks = tuple(s.name for s in alerts.sinks if sink_kind(s.kind).resends_active)
+        self._am_sinks = tuple(s.name for s in alerts.sinks if sink_kind(s.kind).traits.resends_active)
         persisted = kv.get(KV_ACTIVE, {})
         for key, value in (persisted if isinstance(persisted, dict) else {}).items():
             try:
@@ -100,19 +100,11 @@ class AlertBook:
 
     # -------------------------------------------------------------------------------- paging
 
-    def page(
-        self,
-        ep: Episode,
-        job: JobStatus,
-        now: float,
-        mode: Mode,
-        gpus: Sequence[GpuStatus],
-        silences: SilenceBook,
-        escalation: bool,
-        records: Records,
-    ) -> None:
+    def page(self, turn: JobTurn, escalation: bool) -> None:
         """The alert rung: page (or escalate) unless a silence matches."""
-        silence = silences.silenced_by({"node": self.node, "job": job.job, "verdict": str(job.verdict)}, now)
+        ep, job, now, records = turn.ep, turn.job, turn.now, turn.records
+        labels = {"node": self.node, "job": job.job, "verdict": str(job.verdict)}
+        silence = turn.cycle.silences.silenced_by(labels, now)
         if silence is not None:
             if ep.once_only(f"silenced:{silence.id}:{job.verdict}"):
                 records.add(
@@ -125,7 +117,7 @@ class AlertBook:
                     comment=silence.comment,
                 )
             return
-        alert = self.build(ep, job, now, mode, gpus)
+        alert = self.build(ep, job, now, turn.mode, turn.cycle.gpus)
         self.send(alert, ep.job, now, records, Result.UPDATED if escalation else Result.QUEUED)
         ep.alert_key, ep.alerted_verdict = alert.dedup_key, str(job.verdict)
 

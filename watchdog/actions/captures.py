@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpu_triage.actions.episode import Episode
-from gpu_triage.actions.evidence import (
+from gpu_triage.actions.evidence_bundle import (
     FLIGHT_RECORDER_WAIT_S,
     PY_SPY_PARALLEL,
     Bundle,
@@ -23,13 +23,13 @@ from gpu_triage.actions.evidence import (
     reserve_bundle,
 )
 from gpu_triage.actions.records import KV_CAPTURES, KvState, Records
+from gpu_triage.actions.turn import JobTurn
 from gpu_triage.actions.worker import CaptureDone, OrderedWorker, WorkerResult
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.actions import Action, CaptureState, Result
 from gpu_triage.model.jsonable import jsonable
-from gpu_triage.model.snapshot import GpuStatus, JobStatus
-from gpu_triage.model.states import Mode
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.model.snapshot import JobStatus
+from gpu_triage.signals.ranks import RankProcess
 
 log = logging.getLogger("gpu_triage.actions.engine")
 
@@ -85,18 +85,9 @@ class CaptureScheduler:
         """The capture rate limit, persisted: a restart does not allow a second bundle for one hang."""
         self.worker = OrderedWorker("evidence-capture")
 
-    def capture(
-        self,
-        ep: Episode,
-        job: JobStatus,
-        now: float,
-        mode: Mode,
-        procs: Sequence[RankProcess],
-        gpus: Sequence[GpuStatus],
-        progress_dir: Path | None,
-        records: Records,
-    ) -> None:
+    def capture(self, turn: JobTurn) -> None:
         """The capture rung: reserve a bundle directory and queue the capture."""
+        ep, job, now, procs, records = turn.ep, turn.job, turn.now, turn.procs, turn.records
         last = self._last_capture.get(job.job)
         if last is not None and now - last < CAPTURE_MIN_INTERVAL_S:
             ep.capture_state = CaptureState.SKIPPED
@@ -118,12 +109,12 @@ class CaptureScheduler:
         status = {
             "time": now,
             "node": self.node,
-            "mode": str(mode),
+            "mode": str(turn.mode),
             "signature": ep.signature,
             "sightings": ep.sightings,
             "job": jsonable(dataclasses.asdict(job)),
             "processes": [jsonable(dataclasses.asdict(p)) for p in procs],
-            "gpus": [jsonable(dataclasses.asdict(g)) for g in gpus],
+            "gpus": [jsonable(dataclasses.asdict(g)) for g in turn.cycle.gpus],
         }
         request = CaptureRequest(
             job=job.job,
@@ -132,7 +123,7 @@ class CaptureScheduler:
             path=path,
             ranks=targets,
             status=status,
-            progress_dir=progress_dir,
+            progress_dir=turn.cycle.progress_dir,
             timeout_s=self.timeout_s,
             py_spy=self.py_spy,
             nvidia_smi=self.nvidia_smi,

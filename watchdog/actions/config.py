@@ -1,14 +1,18 @@
 """``[actions]`` (what the action engine does on a verdict, and when) and ``[evidence]`` (how many
-evidence bundles it keeps)."""
+evidence bundles it keeps); :class:`EngineConfig`, what the engine is built from: those sections and
+``[alerts]``, ``[ras]`` and ``[stacks]`` whole, and where it runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.model.config_checks import argv, boolean, choice, enum_value, integer, number, optional_path
 from gpu_triage.model.config_schema import setting
 from gpu_triage.model.states import Mode
+from gpu_triage.signals.nccl_ras.poller import RasConfig
+from gpu_triage.signals.stacks.config import StacksConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,4 +47,27 @@ class ActionsConfig:
     )
 
 
-__all__ = ["ActionsConfig", "EvidenceConfig"]
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What the action engine is built from: its sections whole (each read once, never copied field by
+    field), where it runs, and two timings the tests shorten.
+
+    From ``[ras]`` the capture takes the RAS address (``host``, ``port``), from ``[stacks]`` the py-spy
+    binary (``py_spy``: a path, or ``auto``); a path that is not an executable file means no py-spy."""
+
+    node: str
+    state_dir: Path
+    actions: ActionsConfig = field(default_factory=ActionsConfig)
+    evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    ras: RasConfig = field(default_factory=RasConfig)
+    stacks: StacksConfig = field(default_factory=StacksConfig)
+    generator_url: str | None = None
+    """Sent to Alertmanager as ``generatorURL`` (the daemon's ``/status``)."""
+    adopt_window_s: float = 300.0
+    """How long alerts and episodes a previous daemon left wait for their job to come back."""
+    delivery_poll_interval_s: float = 0.5
+    """How often, in real time, a delivery worker re-reads the clock while it waits for a retry."""
+
+
+__all__ = ["ActionsConfig", "EngineConfig", "EvidenceConfig"]

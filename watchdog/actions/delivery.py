@@ -222,7 +222,7 @@ class SinkSender:
             if not self._url.startswith(("http://", "https://")):
                 self._url = None
                 raise ConfigError([f"{self.sink.url_file}: the URL file does not hold an http(s) URL"])
-        if sink_kind(self.sink.kind).needs_routing_key and self._routing_key is None:
+        if sink_kind(self.sink.kind).traits.needs_routing_key and self._routing_key is None:
             assert self.sink.routing_key_file is not None
             self._routing_key = load_secret(self.sink.routing_key_file, "PagerDuty routing key")
         return self._url, self._routing_key
@@ -235,7 +235,7 @@ class SinkSender:
             body = kind.payload(alert, context)
         except (ConfigError, ValueError) as e:
             return PostResult(False, None, False, f"sink {self.sink.name}: {e}", 0.0)
-        return post_json(kind.endpoint(url), body, timeout_s=self.sink.timeout_s)
+        return post_json(kind.traits.endpoint(url), body, timeout_s=self.sink.timeout_s)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ was seen in an earlier episode is a **deterministic hang**: the alert is the dis
 The engine is a facade over small modules: :mod:`~gpu_triage.actions.ladder` (pure: which rungs are
 due), :mod:`~gpu_triage.actions.episode` (per-job state), :mod:`~gpu_triage.actions.captures` (the
 capture rung), :mod:`~gpu_triage.actions.alert_book` (pages, resends, resolves, silences),
-:mod:`~gpu_triage.actions.kills` and :mod:`~gpu_triage.actions.kill_runs` (the kill rungs),
+:mod:`~gpu_triage.actions.kill_policy` and :mod:`~gpu_triage.actions.kill_runner` (the kill rungs),
 :mod:`~gpu_triage.actions.worker` (threads and their typed results) and
 :mod:`~gpu_triage.actions.records`. Actions and results are the enums of
 :mod:`gpu_triage.model.actions`.
@@ -43,30 +43,29 @@ signatures seen (``actions.hang_signatures``).
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpu_triage.actions import ladder
 from gpu_triage.actions.alert_book import AlertBook
 from gpu_triage.actions.captures import CAPTURE_MIN_INTERVAL_S, CaptureScheduler
-from gpu_triage.actions.config import ActionsConfig
+from gpu_triage.actions.config import EngineConfig
 from gpu_triage.actions.delivery import Delivery
 from gpu_triage.actions.episode import Episode, HangSignatures
-from gpu_triage.actions.evidence import EvidenceCapture, find_nvidia_smi, find_py_spy
-from gpu_triage.actions.kill import CommandRunner, KillExecutor, Signaller, SubprocessRunner
-from gpu_triage.actions.kill_runs import KillRunner
-from gpu_triage.actions.kills import KILL_WINDOW_S, KillCoordinator
+from gpu_triage.actions.evidence_bundle import EvidenceCapture, find_nvidia_smi
+from gpu_triage.actions.interface import Cycle
+from gpu_triage.actions.kill_policy import KILL_WINDOW_S, KillCoordinator
+from gpu_triage.actions.kill_runner import KillRunner
+from gpu_triage.actions.kill_targets import KillExecutor
+from gpu_triage.actions.ports import EnginePorts
 from gpu_triage.actions.records import KV_EPISODES, KvState, Records
-from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.actions.turn import JobTurn
 from gpu_triage.actions.worker import CaptureDone, KillDone, TermDone, WorkerResult
-from gpu_triage.alerts.config import AlertsConfig
 from gpu_triage.alerts.model import Condition, condition_for, hang_signature
 from gpu_triage.journal import logs
 from gpu_triage.journal.eventstore import EventStore, StoreError
@@ -75,86 +74,69 @@ from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.names import printable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode, Verdict
-from gpu_triage.signals.nccl_ras import client as ras
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.stacks.sampler import find_py_spy
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 JOB_GONE_AFTER_S = 30.0
 
 
 class ActionEngine:
     """The action ladder. The loop calls :meth:`on_cycle` every cycle and :meth:`close` at shutdown."""
 
-    def __init__(
-        self,
-        *,
-        actions: ActionsConfig,
-        alerts: AlertsConfig,
-        store: EventStore,
-        state_dir: Path,
-        node: str,
-        runner: CommandRunner | None = None,
-        signaller: Signaller | None = None,
-        clock: Callable[[], float] = time.time,
-        own_pid: int | None = None,
-        ras_address: tuple[str, int] = (ras.DEFAULT_HOST, ras.DEFAULT_PORT),
-        py_spy: str | None = AUTO,
-        nvidia_smi: str | None = AUTO,
-        generator_url: str | None = None,
-        delivery_poll_interval_s: float = 0.5,
-        rng: random.Random | None = None,
-        max_bundles: int = 50,
-        evidence_retention_s: float | None = None,
-        adopt_window_s: float = 300.0,
-    ) -> None:
-        """``py_spy``/``nvidia_smi``: a path, ``"auto"`` (search PATH and the interpreter's directory)
-        or None (absent). ``generator_url`` is sent to Alertmanager as ``generatorURL`` (e.g. the
-        daemon's ``/status``). ``adopt_window_s``: how long alerts persisted by a previous daemon wait
-        for their condition to come back before they are resolved."""
+    def __init__(self, config: EngineConfig, store: EventStore, ports: EnginePorts | None = None) -> None:
+        """Built from ``config`` (the sections ``[actions]``, ``[evidence]``, ``[alerts]``, ``[ras]``,
+        ``[stacks]`` whole, the node and the state directory) and ``ports`` (the runner, signaller,
+        clock, random source and own pid; the real ones by default). Its outbox, kill budget and
+        episodes live in ``store``."""
+        ports = ports or EnginePorts()
+        actions, evidence = config.actions, config.evidence
         self.actions = actions
         self.store = store
-        self.node = node
-        self.clock = clock
-        self.adopt_window_s = adopt_window_s
+        self.node = config.node
+        self.clock = ports.clock
+        self.adopt_window_s = config.adopt_window_s
         kv = KvState(store)
         self._kv = kv
-        runner = runner or SubprocessRunner()
         self._results: queue.SimpleQueue[WorkerResult] = queue.SimpleQueue()
         self._captures = CaptureScheduler(
-            capturer=EvidenceCapture(runner, clock=clock),
+            capturer=EvidenceCapture(ports.runner, clock=ports.clock),
             store=store,
             kv=kv,
             results=self._results,
-            state_dir=Path(state_dir),
-            node=node,
+            state_dir=Path(config.state_dir),
+            node=config.node,
             timeout_s=actions.capture_timeout_s,
-            py_spy=find_py_spy() if py_spy == AUTO else py_spy,
-            nvidia_smi=find_nvidia_smi() if nvidia_smi == AUTO else nvidia_smi,
-            ras_address=ras_address,
-            max_bundles=max_bundles,
-            retention_s=evidence_retention_s,
-            clock=clock,
+            py_spy=find_py_spy(config.stacks.py_spy),
+            nvidia_smi=find_nvidia_smi(),
+            ras_address=(config.ras.host, config.ras.port),
+            max_bundles=evidence.max_bundles,
+            retention_s=evidence.retention_days * 86400.0,
+            clock=ports.clock,
         )
         self.prune_evidence()  # retention holds across restarts, not only when a capture runs
-        executor = KillExecutor(signaller, own_pid=os.getpid() if own_pid is None else own_pid)
+        executor = KillExecutor(ports.signaller, own_pid=ports.own_pid)
         runs = KillRunner(
-            actions=actions, executor=executor, runner=runner, results=self._results, clock=clock
+            actions=actions, executor=executor, runner=ports.runner, results=self._results, clock=ports.clock
         )
-        self._kills = KillCoordinator(actions=actions, runs=runs, kv=kv, node=node)
+        self._kills = KillCoordinator(actions=actions, runs=runs, kv=kv, node=config.node)
         self.delivery = Delivery(
             store,
-            alerts,
-            clock=clock,
-            rng=rng,
-            poll_interval_s=delivery_poll_interval_s,
-            generator_url=generator_url,
+            config.alerts,
+            clock=ports.clock,
+            rng=ports.rng,
+            poll_interval_s=config.delivery_poll_interval_s,
+            generator_url=config.generator_url,
         )
         self._lock = threading.Lock()
         self._counters: Counter[tuple[str, str]] = Counter()
         self._alerts = AlertBook(
-            delivery=self.delivery, alerts=alerts, actions=actions, kv=kv, node=node, count=self._count
+            delivery=self.delivery,
+            alerts=config.alerts,
+            actions=actions,
+            kv=kv,
+            node=config.node,
+            count=self._count,
         )
         self._signatures = HangSignatures(kv)
         self._episodes: dict[str, Episode] = {}
@@ -192,27 +174,17 @@ class ActionEngine:
         """Evidence captures and kill stages queued or running on the worker threads."""
         return self._captures.worker.busy + self._kills.worker.busy
 
-    def on_cycle(
-        self,
-        now: float,
-        *,
-        mode: Mode,
-        jobs: Sequence[JobStatus],
-        processes: Mapping[str, Sequence[RankProcess]],
-        gpus: Sequence[GpuStatus],
-        silences: SilenceBook,
-        progress_dir: Path | None,
-    ) -> list[dict[str, Any]]:
+    def on_cycle(self, cycle: Cycle) -> list[dict[str, Any]]:
         """Decide and queue this cycle's actions; return the action records (also stored as events)."""
         records = Records(self.node)
         if self._closed:
             return records.items
         try:
-            self._mode = Mode(mode)
-            self._cycle(now, self._mode, jobs, processes, gpus, silences, progress_dir, records)
+            self._mode = Mode(cycle.mode)
+            self._cycle(cycle, records)
         except Exception as e:
             log.exception("action engine cycle failed")
-            records.add(now, Action.ENGINE, Result.ERROR, error=f"{type(e).__name__}: {e}")
+            records.add(cycle.now, Action.ENGINE, Result.ERROR, error=f"{type(e).__name__}: {e}")
         if records:
             self._commit(records.items)
         return records.items
@@ -243,17 +215,8 @@ class ActionEngine:
 
     # ------------------------------------------------------------------------------------ cycle
 
-    def _cycle(
-        self,
-        now: float,
-        mode: Mode,
-        jobs: Sequence[JobStatus],
-        processes: Mapping[str, Sequence[RankProcess]],
-        gpus: Sequence[GpuStatus],
-        silences: SilenceBook,
-        progress_dir: Path | None,
-        records: Records,
-    ) -> None:
+    def _cycle(self, cycle: Cycle, records: Records) -> None:
+        now, mode = cycle.now, self._mode
         if not self._started:
             self._started = True
             self._resume_until = now + self.adopt_window_s if self._resumable else None
@@ -263,10 +226,10 @@ class ActionEngine:
         if not self._results.empty():
             self._drain(now, mode, records)
         seen: set[str] = set()
-        for job in jobs:
+        for job in cycle.jobs:
             seen.add(job.job)
             try:  # an error on one job stays in that job: the others still get their actions
-                self._job_cycle(job, now, mode, processes, gpus, silences, progress_dir, records)
+                self._job_cycle(cycle, job, records)
             except Exception as e:
                 log.exception("action engine failed on job %s", printable(job.job, 200))
                 error = f"{type(e).__name__}: {e}"[:300]
@@ -287,17 +250,8 @@ class ActionEngine:
             self._resumable.clear()
         self._persist_episodes(now)
 
-    def _job_cycle(
-        self,
-        job: JobStatus,
-        now: float,
-        mode: Mode,
-        processes: Mapping[str, Sequence[RankProcess]],
-        gpus: Sequence[GpuStatus],
-        silences: SilenceBook,
-        progress_dir: Path | None,
-        records: Records,
-    ) -> None:
+    def _job_cycle(self, cycle: Cycle, job: JobStatus, records: Records) -> None:
+        now = cycle.now
         condition = condition_for(job.verdict)
         ep = self._episodes.get(job.job)
         if ep is None and condition is None:
@@ -310,29 +264,18 @@ class ActionEngine:
             return
         if ep is None:
             ep = self._resume(job, condition, now, records) or self._begin(job, condition, now, records)
-        self._update(ep, job, now, gpus)
-        self._ladder(ep, job, now, mode, processes.get(job.job, ()), gpus, silences, progress_dir, records)
+        self._update(ep, job, now, cycle.gpus)
+        self._ladder(JobTurn(cycle, ep, job, cycle.processes.get(job.job, ()), records))
 
-    def _ladder(
-        self,
-        ep: Episode,
-        job: JobStatus,
-        now: float,
-        mode: Mode,
-        procs: Sequence[RankProcess],
-        gpus: Sequence[GpuStatus],
-        silences: SilenceBook,
-        progress_dir: Path | None,
-        records: Records,
-    ) -> None:
+    def _ladder(self, turn: JobTurn) -> None:
         """Run the episode's due rungs (:func:`gpu_triage.actions.ladder.episode_steps`)."""
-        for step in ladder.due(ladder.episode_steps(ep, job, mode, self.actions), now):
+        for step in ladder.due(ladder.episode_steps(turn.ep, turn.job, turn.mode, self.actions), turn.now):
             if isinstance(step, ladder.Capture):
-                self._captures.capture(ep, job, now, mode, procs, gpus, progress_dir, records)
+                self._captures.capture(turn)
             elif isinstance(step, ladder.AlertStep):
-                self._alerts.page(ep, job, now, mode, gpus, silences, step.escalation, records)
+                self._alerts.page(turn, step.escalation)
             elif isinstance(step, ladder.Sigterm):
-                self._kills.sigterm(ep, job, now, mode, procs, records)
+                self._kills.sigterm(turn)
 
     def _persist_episodes(self, now: float) -> None:
         value = {name: ep.to_dict() for name, ep in self._episodes.items()}
@@ -436,4 +379,4 @@ class ActionEngine:
                 log.warning("cannot record action %s/%s: %s", r["action"], r["result"], e)
 
 
-__all__ = ["AUTO", "CAPTURE_MIN_INTERVAL_S", "JOB_GONE_AFTER_S", "KILL_WINDOW_S", "ActionEngine"]
+__all__ = ["CAPTURE_MIN_INTERVAL_S", "JOB_GONE_AFTER_S", "KILL_WINDOW_S", "ActionEngine"]

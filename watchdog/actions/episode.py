@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_triage.actions.kill import KillPlan
+from gpu_triage.actions.kill_targets import KillPlan
 from gpu_triage.actions.records import KV_SIGNATURES, KvState
 from gpu_triage.alerts.model import Condition
 from gpu_triage.model.actions import CaptureState, KillStage
@@ -100,7 +100,7 @@ class Episode:
 class KillState:
     """A job's kill, from the SIGTERM rung to done. Once its SIGTERM went out by signal, the plan is
     persisted (``actions.kills_in_progress``): a daemon restarted before the SIGKILL rung sends it
-    (:mod:`gpu_triage.actions.kills`)."""
+    (:mod:`gpu_triage.actions.kill_policy`)."""
 
     job: str
     hook: bool

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_triage.actions.kill import CommandResult, CommandRunner
+from gpu_triage.actions.kill_targets import CommandResult, CommandRunner
 from gpu_triage.signals.slurm import (
     SlurmRankFacts,
     SlurmRefusal,

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_triage.actions.evidence import Bundle, CaptureRequest
-from gpu_triage.actions.kill import KillOutcome, KillPlan
+from gpu_triage.actions.evidence_bundle import Bundle, CaptureRequest
+from gpu_triage.actions.kill_targets import KillOutcome, KillPlan
 
 log = logging.getLogger("gpu_triage.actions.engine")
 

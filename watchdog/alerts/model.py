@@ -34,12 +34,9 @@ from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Verdict
 
 SOURCE = "gpu-watchdog"
-PAGERDUTY_SUMMARY_MAX = 1024
-PAGERDUTY_DEDUP_MAX = 255
-SLACK_SECTION_MAX = 2900
-"""Slack limits a section's text to 3000 characters."""
-ALERTMANAGER_EXPIRY_RESENDS = 4
-"""A firing alert's ``endsAt`` lies this many resend intervals after it was sent."""
+DEDUP_KEY_MAX = 255
+"""The longest dedup key: the shortest limit any receiver puts on its key (PagerDuty's ``dedup_key``),
+so one key serves every sink. Each sink's own limits live in its module (``alerts/sinks/``)."""
 
 
 class Condition(StrEnum):
@@ -115,11 +112,11 @@ def severity_for(condition: Condition, verdict: Verdict | str) -> str:
 def dedup_key(node: str, job: str, condition: Condition | str) -> str:
     """``node:job:condition``, deterministic; over 255 characters the middle is replaced by a hash."""
     key = f"{node}:{job}:{condition}"
-    if len(key) <= PAGERDUTY_DEDUP_MAX:
+    if len(key) <= DEDUP_KEY_MAX:
         return key
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     tail = f"~{digest}:{condition}"
-    return key[: PAGERDUTY_DEDUP_MAX - len(tail)] + tail
+    return key[: DEDUP_KEY_MAX - len(tail)] + tail
 
 
 def runbook_url(base: str | None, anchor: str) -> str:

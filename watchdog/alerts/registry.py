@@ -46,4 +46,4 @@ def render(
 
 def endpoint(kind: str, url: str) -> str:
     """Where a sink of ``kind`` configured with ``url`` posts."""
-    return sink_kind(kind).endpoint(url)
+    return sink_kind(kind).traits.endpoint(url)

@@ -29,7 +29,9 @@ property test feeds them random streams cut into random chunks).
 
 from __future__ import annotations
 
+import functools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,6 +133,49 @@ class GpuClassifier:
         return False
 
 
+Votes = Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""Candidate code -> (window start per sample, cumulative votes, cumulative abstentions)."""
+
+
+def _first_change(
+    table: PowerTable,
+    t: np.ndarray,
+    cand: np.ndarray,
+    others: np.ndarray,
+    i: int,
+    h0: int,
+    hist_start: float,
+    share: float,
+    votes_for: Votes,
+) -> int:
+    """The first sample index (from ``others[i:]``) at which a candidate state wins its vote over its
+    dwell window: examined in blocks growing fourfold, so a long steady run costs a few array passes.
+    -1 when none does."""
+    block = 64
+    while i < len(others):
+        ks = others[i : i + block]
+        vals = cand[ks]
+        lo_v, hi_v = int(vals.min()), int(vals.max())
+        codes = [lo_v] if lo_v == hi_v else np.unique(vals).tolist()
+        best = len(ks)
+        for c in codes:
+            dwell = table.dwell_s(GPU_STATES[c])
+            w, cs, cu = votes_for(c)
+            sel = ks[:best]
+            wk = np.maximum(w[sel], h0)
+            votes = cs[sel + 1] - cs[wk]
+            total = (sel + 1 - wk) - (cu[sel + 1] - cu[wk])
+            fire = (vals[:best] == c) & (t[sel] - hist_start >= dwell) & (votes >= share * total)
+            hit = np.flatnonzero(fire)
+            if len(hit):
+                best = int(hit[0])
+        if best < len(ks):
+            return int(ks[best])
+        i += block
+        block = min(block * 4, 1 << 16)
+    return -1
+
+
 def classify_series(
     table: PowerTable,
     time_s: np.ndarray,
@@ -213,29 +258,9 @@ def classify_series(
         cand = cand_for(state)
         others = others_for(state)
         i = int(np.searchsorted(others, max(h0, h)))  # carried samples were judged in their own chunk
-        fired_k = -1
-        block = 64
-        while i < len(others) and fired_k < 0:
-            ks = others[i : i + block]
-            vals = cand[ks]
-            lo_v, hi_v = int(vals.min()), int(vals.max())
-            codes = [lo_v] if lo_v == hi_v else np.unique(vals).tolist()
-            best = len(ks)
-            for c in codes:
-                dwell = table.dwell_s(GPU_STATES[c])
-                w, cs, cu = votes_for(state, c)
-                sel = ks[:best]
-                wk = np.maximum(w[sel], h0)
-                votes = cs[sel + 1] - cs[wk]
-                total = (sel + 1 - wk) - (cu[sel + 1] - cu[wk])
-                fire = (vals[:best] == c) & (t[sel] - hist_start >= dwell) & (votes >= share * total)
-                hit = np.flatnonzero(fire)
-                if len(hit):
-                    best = int(hit[0])
-            if best < len(ks):
-                fired_k = int(ks[best])
-            i += block
-            block = min(block * 4, 1 << 16)
+        fired_k = _first_change(
+            table, t, cand, others, i, h0, hist_start, share, functools.partial(votes_for, state)
+        )
         if fired_k < 0:
             break
         c = int(cand[fired_k])

@@ -70,6 +70,9 @@ _positive_int = _positive(int, "a whole number")
 _gpu_count = _positive(int, "a GPU count", MAX_GPUS)
 
 
+Subparsers = argparse._SubParsersAction  # argparse names no public type for it
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gpu_triage.triage import DEFAULT_DEADLOCK_AFTER_S  # numpy-free: the base install parses too
 
@@ -82,6 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpu-watchdog {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    _add_offline_parsers(sub, DEFAULT_DEADLOCK_AFTER_S)
+    _add_daemon_parsers(sub)
+
+    from gpu_triage.cli.ops import add_parsers as add_ops_parsers
+
+    add_ops_parsers(sub)  # check-config, render-rules
+
+    from gpu_triage.cli import slurm_health  # stdlib only: cheap for every invocation
+
+    slurm_health.add_subparser(sub)
+    return parser
+
+
+def _add_offline_parsers(sub: Subparsers[argparse.ArgumentParser], default_deadlock_after_s: float) -> None:
+    """The commands that read recordings and tables: ``triage``, ``tables``, ``calibrate``."""
     t = sub.add_parser(
         "triage",
         help="classify recorded nvidia-smi CSV logs and look for suspected deadlocks",
@@ -111,12 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--deadlock-after",
         type=_positive(float, "seconds"),
-        default=DEFAULT_DEADLOCK_AFTER_S,
+        default=default_deadlock_after_s,
         metavar="SECONDS",
         help="the shortest wait (a GPU group in checkpoint_or_deadlock with no compute burst, never "
         "ending in progress) reported as a suspected deadlock; once the recording shows its save cadence "
         "a wait must also last over twice the longest wait the job came back from. Default "
-        f"{DEFAULT_DEADLOCK_AFTER_S:g} s; any positive duration (raise it where a save written from another "
+        f"{default_deadlock_after_s:g} s; any positive duration (raise it where a save written from another "
         "node can take longer and the recording shows no earlier save; see docs/triage.md)",
     )
     t.add_argument(
@@ -181,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, metavar="TOML")
     c.set_defaults(func=cmd_calibrate)
 
+
+def _add_daemon_parsers(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    """The commands that run or ask daemons: ``run``, ``status``, ``cluster``, ``demo-run``."""
     r = sub.add_parser(
         "run",
         help="run the daemon in the foreground (what the systemd unit starts)",
@@ -271,15 +292,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=9410)
     d.add_argument("--sim-skip", type=float, default=0.0)
     d.set_defaults(func=cmd_demo_run)
-
-    from gpu_triage.cli.ops import add_parsers as add_ops_parsers
-
-    add_ops_parsers(sub)  # check-config, render-rules
-
-    from gpu_triage.cli import slurm_health  # stdlib only: cheap for every invocation
-
-    slurm_health.add_subparser(sub)
-    return parser
 
 
 def cmd_triage(args: argparse.Namespace) -> int:

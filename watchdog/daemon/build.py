@@ -25,9 +25,10 @@ from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
 from gpu_triage.signals.nccl_ras.poller import RasPoller
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
-from gpu_triage.verdicts.detector import DetectorConfig
+from gpu_triage.verdicts.settings import DetectorConfig
 
 if TYPE_CHECKING:
+    from gpu_triage.actions.interface import Actions
     from gpu_triage.daemon.loop import Daemon
 
 log = logging.getLogger("gpu_watchdog")
@@ -143,23 +144,29 @@ def take_state_lock(state_dir: Path) -> StateLock | None:
     return lock
 
 
-def make_actions(d: Daemon, state_dir: Path) -> Any:
+def make_actions(d: Daemon, state_dir: Path) -> Actions | None:
     """The action engine (alerts, kill ladder), or None without a store (its outbox and kill budget
     live there)."""
+    from gpu_triage.actions.config import EngineConfig
     from gpu_triage.actions.engine import ActionEngine
+    from gpu_triage.actions.ports import EnginePorts
 
     if d.store is None:
         return None
+    c = d.config
     return ActionEngine(
-        actions=d.config.actions,
-        alerts=d.config.alerts,
-        store=d.store,
-        state_dir=state_dir,
-        node=d.node,
-        generator_url=f"http://{d.config.daemon.listen}/status",
-        max_bundles=d.config.evidence.max_bundles,
-        evidence_retention_s=d.config.evidence.retention_days * 86400.0,
-        clock=d.clock,
+        EngineConfig(
+            node=d.node,
+            state_dir=state_dir,
+            actions=c.actions,
+            evidence=c.evidence,
+            alerts=c.alerts,
+            ras=c.ras,
+            stacks=c.stacks,
+            generator_url=f"http://{c.daemon.listen}/status",
+        ),
+        d.store,
+        EnginePorts(clock=d.clock),
     )
 
 

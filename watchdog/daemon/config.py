@@ -8,7 +8,7 @@ checks and docs, :func:`gpu_triage.model.config_schema.setting`):
 [daemon]   :class:`DaemonConfig` (here)
 [progress] :class:`gpu_triage.signals.progress.ProgressConfig`
 [classifier] :class:`gpu_triage.classify.config.ClassifierConfig`
-[detector] :class:`gpu_triage.verdicts.detector.DetectorConfig`
+[detector] :class:`gpu_triage.verdicts.settings.DetectorConfig`
 [stacks]   :class:`gpu_triage.signals.stacks.config.StacksConfig`
 [ras]      :class:`gpu_triage.signals.nccl_ras.poller.RasConfig`
 [cluster]  :class:`gpu_triage.signals.fleet.config.ClusterConfig`
@@ -75,7 +75,7 @@ from gpu_triage.signals.fleet.config import ClusterConfig
 from gpu_triage.signals.nccl_ras.poller import RasConfig
 from gpu_triage.signals.progress import ProgressConfig
 from gpu_triage.signals.stacks.config import StacksConfig
-from gpu_triage.verdicts.detector import DetectorConfig
+from gpu_triage.verdicts.settings import DetectorConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpu-watchdog/config.toml")
 ENV_PREFIX = "GPU_WATCHDOG_"
@@ -335,14 +335,14 @@ def _read_sinks(value: Any, reader: Reader) -> tuple[SinkConfig, ...]:
         if sink.name in names:
             reader.expected(f"{at}.name", "a name no other sink has", sink.name)
         names.add(sink.name)
-        kind = SINK_KINDS[sink.kind]
-        if kind.needs_routing_key and sink.routing_key_file is None:
+        traits = SINK_KINDS[sink.kind].traits
+        if traits.needs_routing_key and sink.routing_key_file is None:
             reader.expected(
                 f"{at}.routing_key_file", f"a path (a {sink.kind} sink needs a routing key)", MISSING
             )
-        if kind.default_url is not None:
+        if traits.default_url is not None:
             if sink.url is None and sink.url_file is None:
-                sink = dataclasses.replace(sink, url=kind.default_url)
+                sink = dataclasses.replace(sink, url=traits.default_url)
         elif (sink.url is None) == (sink.url_file is None):
             reader.expected(
                 f"{at}.url", f"exactly one of url and url_file for a {sink.kind} sink", sink.url or MISSING

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
+from gpu_triage.actions.interface import Actions, Cycle
 from gpu_triage.daemon import health, observe, record
 from gpu_triage.daemon import reload as reloading
 from gpu_triage.daemon.build import (
@@ -89,7 +90,7 @@ class Daemon:
         clock: Clock | None = None,
         serve_http: bool = True,
         on_cycle: Callable[[Snapshot], None] | None = None,
-        actions: Any | None = None,
+        actions: Actions | None = None,
         overrides: dict[str, Any] | None = None,
     ) -> None:
         """``overrides``: the command-line values applied over the file (re-applied on reload)."""
@@ -323,13 +324,15 @@ class Daemon:
         if self.actions is not None and due:
             try:
                 self.actions.on_cycle(
-                    now,
-                    mode=self.mode,
-                    jobs=self._jobs,
-                    processes=self._process_view.jobs if self._process_view else {},
-                    gpus=statuses,
-                    silences=self.control.silences,
-                    progress_dir=cfg.progress.dir,
+                    Cycle(
+                        now,
+                        self.mode,
+                        jobs=self._jobs,
+                        processes=self._process_view.jobs if self._process_view else {},
+                        gpus=statuses,
+                        silences=self.control.silences,
+                        progress_dir=cfg.progress.dir,
+                    )
                 )
                 health.actions_ran(self, None)
             except Exception as e:
@@ -361,7 +364,7 @@ class Daemon:
                 "failed_cycles_total": float(self.stats.failed),
                 "degraded_cycles_total": float(self.degraded_cycles + self.stats.failed),
             },
-            actions=dict(getattr(self.actions, "counters", {}) or {}),
+            actions=self.actions.counters if self.actions is not None else {},
             version=__version__,
             untrusted_progress_files=self._untrusted,
             input_errors=input_errors,

@@ -15,11 +15,11 @@ from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import ENDED_VERDICTS, Verdict
 from gpu_triage.signals.fleet.facts import NodeJobFacts, local_facts, spin_since_by_gpu
 from gpu_triage.signals.fleet.remote import RemoteFacts
-from gpu_triage.signals.processes import ProgressClaim, RankProcess
 from gpu_triage.signals.progress import ProgressView
+from gpu_triage.signals.ranks import ProgressClaim, RankProcess
 from gpu_triage.signals.stacks.dumps import StackPhase
-from gpu_triage.verdicts.detector import GpuView, JobView
 from gpu_triage.verdicts.fusion import job_views
+from gpu_triage.verdicts.views import GpuView, JobView
 
 if TYPE_CHECKING:
     from gpu_triage.daemon.loop import Daemon
@@ -60,8 +60,8 @@ def observe(
     d._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in d._process_view.untrusted)])
     jobs = with_stacks(d, now, jobs)
     jobs = with_remote(d, now, jobs)
-    signalled = getattr(d.actions, "signalled_pids", None)
-    if signalled is not None:  # ranks the kill ladder signalled read `killed`, never a new stall
+    if d.actions is not None:  # ranks the kill ladder signalled read `killed`, never a new stall
+        signalled = d.actions.signalled_pids
         jobs = [replace(j, signalled_pids=signalled(j.job, now)) for j in jobs]
     gviews = [
         GpuView(

@@ -109,9 +109,9 @@ class JobEvidence:
     untrusted_progress_files: tuple[Mapping[str, Any], ...] = ()
     """The job's progress files not believed this cycle (JSON key only when any)."""
     nccl_ras: Reported | None = None
-    """NCCL RAS facts (:class:`gpu_triage.signals.nccl_ras.evidence.RasFacts`) when polled."""
+    """NCCL RAS facts (:class:`gpu_triage.signals.nccl_ras.ras_facts.RasFacts`) when polled."""
     stacks: Reported | None = None
-    """Stack facts (:class:`gpu_triage.signals.stacks.evidence.StackFacts`) when sampled."""
+    """Stack facts (:class:`gpu_triage.signals.stacks.stack_facts.StackFacts`) when sampled."""
     stacks_where: str | None = None
     """One line per group of ranks: where their stacks wait (the detector sets it with ``stacks``)."""
     stack_phase_by_rank: Mapping[int, str] = field(default_factory=dict)

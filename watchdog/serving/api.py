@@ -517,7 +517,6 @@ def create_app(
     exposition = None
     if metrics_registry is None:
         exposition = MetricsExposition(snapshots, process_max_age_s=METRICS_MAX_AGE_S)
-    rendered: list[_Rendered] = []  # at most one entry: the latest snapshot's bodies
 
     app = FastAPI(
         title="gpu-watchdog",
@@ -534,6 +533,29 @@ def create_app(
         return HTMLResponse(offline_docs_html(app.openapi()))
 
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+
+    health = _health(snapshots, clock, max_age_s)
+
+    app.add_middleware(HealthFirst, health=health)  # inside the Host check, before any body is read
+    if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
+        from gpu_triage.serving.host_check import HostCheck, HostPolicy
+
+        app.add_middleware(HostCheck, policy=HostPolicy(allowed_hosts))
+    app.state.snapshots = snapshots
+    app.state.auth = _Auth(token)
+    app.state.control = control
+    app.state.metrics_registry = metrics_registry
+    app.state.metrics_exposition = exposition
+
+    _add_read_routes(app, snapshots, events, table, health, exposition, metrics_registry)
+    _add_control_routes(app, snapshots, control, clock)
+    return app
+
+
+def _health(
+    snapshots: SnapshotHolder, clock: Callable[[], float], max_age_s: float
+) -> Callable[[], tuple[dict[str, Any], int]]:
+    """``/healthz``'s answer (document, status code) from the latest snapshot's age and failures."""
 
     def health() -> tuple[dict[str, Any], int]:
         snapshot = snapshots.latest()
@@ -566,16 +588,21 @@ def create_app(
             200 if fresh and not failing else 503,
         )
 
-    app.add_middleware(HealthFirst, health=health)  # inside the Host check, before any body is read
-    if allowed_hosts is not None:  # DNS rebinding: 421 unless Host names this daemon (host_check)
-        from gpu_triage.serving.host_check import HostCheck, HostPolicy
+    return health
 
-        app.add_middleware(HostCheck, policy=HostPolicy(allowed_hosts))
-    app.state.snapshots = snapshots
-    app.state.auth = _Auth(token)
-    app.state.control = control
-    app.state.metrics_registry = metrics_registry
-    app.state.metrics_exposition = exposition
+
+def _add_read_routes(
+    app: FastAPI,
+    snapshots: SnapshotHolder,
+    events: EventsReader | None,
+    table: Callable[[], dict[str, Any]],
+    health: Callable[[], tuple[dict[str, Any], int]],
+    exposition: MetricsExposition | None,
+    metrics_registry: CollectorRegistry | None,
+) -> None:
+    """What anyone may read: ``/healthz``, ``/status``, ``/gpus``, ``/events``, ``/tables/current``,
+    ``/metrics``."""
+    rendered: list[_Rendered] = []  # at most one entry: the latest snapshot's bodies
 
     def latest_or_503() -> Snapshot:
         snapshot = snapshots.latest()
@@ -661,6 +688,12 @@ def create_app(
             body, content_type = render(metrics_registry, accept)
         return Response(body, headers={"Content-Type": content_type})
 
+
+def _add_control_routes(
+    app: FastAPI, snapshots: SnapshotHolder, control: Control | None, clock: Callable[[], float]
+) -> None:
+    """The commands: ``/arm``, ``/disarm`` and the silences (mutating ones need the token)."""
+
     def accepted(mode: Mode, armed: bool) -> Response:
         snapshot = snapshots.latest()
         return _json(
@@ -732,5 +765,3 @@ def create_app(
         if not ctl.delete_silence(silence_id):
             raise HTTPException(404, f"no silence {silence_id!r}")
         return Response(status_code=204)
-
-    return app

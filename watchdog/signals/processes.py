@@ -28,277 +28,49 @@ and the previous one for the same (pid, create time). ``psutil.Process`` objects
 (pid, create time). A process that vanished is reported ``alive=False`` (never an error) until
 ``forget_after_s`` has passed.
 
-Pure helpers (``rank_env``, ``gpu_for_local_rank``, ``local_rank_from_cmdline``, ``is_launcher``,
-``job_key``, ``pick_ranks``) hold the rules; :class:`ProcessInspector` does the I/O.
+The rules (``rank_env``, ``gpu_for_local_rank``, ``local_rank_from_cmdline``, ``is_launcher``,
+``job_key``, ``judge_claim``, ``pick_ranks``, ``name_groups``) and the values (:class:`RankProcess`,
+the candidates and claims) are pure, in :mod:`gpu_triage.signals.ranks`; :class:`ProcessInspector`
+here does the I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
 
-from gpu_triage.model.names import safe_job_key
-from gpu_triage.signals.cgroups import parse_cgroup_path
-from gpu_triage.signals.slurm import job_name as slurm_job_name
+from gpu_triage.signals.ranks import (
+    Candidate,
+    ProgressClaim,
+    RankEnv,
+    RankProcess,
+    UntrustedClaim,
+    choose_gpu,
+    gpu_for_local_rank,
+    group_identity,
+    is_launcher,
+    judge_claim,
+    kernel_scope,
+    launcher_above,
+    local_rank_from_cmdline,
+    name_groups,
+    pick_ranks,
+    rank_env,
+    tree_marks,
+)
 
-LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.launch")
-LAUNCHER_NAMES = ("torchrun",)
 DEAD_STATUSES = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
-
-
-# ------------------------------------------------------------------------------------------ pure
-
-
-def _int_or_none(value: str | None) -> int | None:
-    if value is None:
-        return None
-    value = value.strip()
-    return int(value) if value.isdigit() else None
-
-
-@dataclass(frozen=True, slots=True)
-class RankEnv:
-    """What a process's environment says about its place in a distributed job."""
-
-    rank: int | None
-    local_rank: int | None
-    world_size: int | None
-    cuda_visible_devices: str | None
-    job: str | None
-
-
-def job_key(environ: Mapping[str, str]) -> str | None:
-    """A name shared by every rank of one job, from the environment; None if nothing identifies it.
-    The environment is its owner's to write: the name is made safe (bounded, printable) here."""
-    key = _raw_job_key(environ)
-    return None if key is None else safe_job_key(key)
-
-
-def _raw_job_key(environ: Mapping[str, str]) -> str | None:
-    if environ.get("GPU_WATCHDOG_JOB"):
-        return environ["GPU_WATCHDOG_JOB"]
-    slurm = slurm_job_name(environ)  # slurm-<job>, or slurm-<job>.<step> inside an srun step
-    if slurm is not None:
-        return slurm
-    run_id = environ.get("TORCHELASTIC_RUN_ID", "")
-    if run_id and run_id != "none":
-        return f"torchelastic-{run_id}"
-    if environ.get("MASTER_ADDR") and environ.get("MASTER_PORT"):
-        return f"master-{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
-    return None
-
-
-def rank_env(environ: Mapping[str, str]) -> RankEnv | None:
-    """The rank facts of a process, or None when it is no rank (no ``RANK`` nor ``LOCAL_RANK``)."""
-    rank = _int_or_none(environ.get("RANK"))
-    local_rank = _int_or_none(environ.get("LOCAL_RANK"))
-    if rank is None and local_rank is None:
-        return None
-    return RankEnv(
-        rank=rank,
-        local_rank=local_rank,
-        world_size=_int_or_none(environ.get("WORLD_SIZE")),
-        cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
-        job=job_key(environ),
-    )
-
-
-def gpu_for_local_rank(
-    local_rank: int | None,
-    cuda_visible_devices: str | None,
-    uuid_to_index: Mapping[str, int] | None = None,
-) -> int | None:
-    """The physical GPU index a rank uses: entry ``local_rank`` of ``CUDA_VISIBLE_DEVICES`` (indices or
-    UUIDs), or its only entry when the launcher gave each rank one device; ``local_rank`` itself when
-    the variable is unset. None when it cannot be told."""
-    if local_rank is None:
-        return None
-    if cuda_visible_devices is None:
-        return local_rank
-    devices = [d.strip() for d in cuda_visible_devices.split(",") if d.strip()]
-    if not devices:
-        return None
-    device = devices[0] if len(devices) == 1 else (devices[local_rank] if local_rank < len(devices) else None)
-    if device is None:
-        return None
-    if device.isdigit():
-        return int(device)
-    uuids = uuid_to_index or {}
-    if device in uuids:
-        return uuids[device]
-    matches = [i for uuid, i in uuids.items() if uuid.startswith(device)]  # CUDA accepts UUID prefixes
-    return matches[0] if len(matches) == 1 else None
-
-
-def local_rank_from_cmdline(cmdline: Sequence[str]) -> int | None:
-    """``--local_rank=N`` / ``--local-rank=N`` / ``--local_rank N`` (deepspeed and torch.distributed.launch
-    pass it to each rank)."""
-    for i, arg in enumerate(cmdline):
-        for flag in ("--local_rank", "--local-rank"):
-            if arg.startswith(flag + "="):
-                return _int_or_none(arg[len(flag) + 1 :])
-            if arg == flag and i + 1 < len(cmdline):
-                return _int_or_none(cmdline[i + 1])
-    return None
-
-
-def is_launcher(cmdline: Sequence[str]) -> bool:
-    """A per-node launcher whose children are ranks (``torchrun``, ``python -m torch.distributed.run``,
-    ``python -m deepspeed.launcher.launch``). The ``deepspeed`` runner is not one: its child is."""
-    head = list(cmdline[:4])
-    if any(os.path.basename(a) in LAUNCHER_NAMES for a in head[:2]):
-        return True
-    return any(a in LAUNCHER_MODULES for a in head)
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A process that looks like a rank, before measurement."""
-
-    pid: int
-    ppid: int | None
-    job: str
-    rank: int | None
-    local_rank: int | None
-    world_size: int | None
-    gpu: int | None
-    gpus: tuple[int, ...]
-    found_by: str
-    """'progress', 'nvml', 'environ' or 'launcher'."""
-    proof: tuple[str, ...] = ()
-    """What ties the process to a job: 'rank_env', 'gpu_context', 'launcher_child', 'progress_file'."""
-    uid: int | None = None
-    nspid: int | None = None
-    """Its pid in its own (innermost) PID namespace, when that differs from ours (a container)."""
-    scope: str | None = None
-    """Its kernel-level job identity (:func:`kernel_scope`): ``slurm:<id>`` from its Slurm job cgroup,
-    ``container:<id>`` from its container's cgroup; None when neither."""
-    create_time: float | None = None
-    sid: int | None = None
-    """Its session (the launcher's process tree where no cgroup names the job)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProgressClaim:
-    """What a progress file says about its process: rank ``rank`` of ``job`` is ``pid``."""
-
-    job: str
-    rank: int
-    pid: int
-    local_rank: int | None = None
-    host_is_local: bool = True
-    """The file's ``host`` is this node's name (else its pid may live in a container's namespace)."""
-    owner_uid: int | None = None
-    """The file's owner (None: unknown)."""
-
-
-@dataclass(frozen=True, slots=True)
-class UntrustedClaim:
-    """A progress file whose pid names a process that is not proven to be the rank it claims."""
-
-    job: str
-    rank: int
-    pid: int
-    reason: str
-
-    def to_dict(self) -> dict[str, object]:
-        return {"job": self.job, "rank": self.rank, "pid": self.pid, "reason": self.reason}
-
-
-def judge_claim(claim: ProgressClaim, cand: Candidate, env: RankEnv | None) -> str | None:
-    """Why ``cand`` is NOT the process ``claim`` names (None: it is). Pure.
-
-    A progress file is only a claim: anyone in the training group can write one. The process it names
-    is believed to be the rank when it carries a rank environment that agrees with the file (``RANK``,
-    or ``LOCAL_RANK`` where ``RANK`` is unset), or holds a GPU context, or descends from a launcher -
-    and belongs to the file's owner (or the file to root). A readable environment that contradicts
-    the file refutes it whatever else holds.
-    """
-    if env is not None:
-        if env.rank is not None and env.rank != claim.rank:
-            return f"pid {cand.pid}'s environment says RANK={env.rank}, the file says rank {claim.rank}"
-        if env.rank is None and claim.local_rank is not None and env.local_rank != claim.local_rank:
-            return (
-                f"pid {cand.pid}'s environment says LOCAL_RANK={env.local_rank}, "
-                f"the file says local_rank {claim.local_rank}"
-            )
-    proof = set(cand.proof) & {"rank_env", "gpu_context", "launcher_child"}
-    if not proof:
-        return f"pid {cand.pid} has no rank environment, no GPU context and no launcher parent"
-    if claim.owner_uid not in (None, 0) and cand.uid is not None and cand.uid != claim.owner_uid:
-        return f"pid {cand.pid} belongs to uid {cand.uid}, the file to uid {claim.owner_uid}"
-    return None
-
-
-def pick_ranks(candidates: Iterable[Candidate]) -> list[Candidate]:
-    """Of a parent and child with the same job and rank, keep one: the one a progress file names
-    (a wrapper - ``unshare``, a shell - may carry the rank's environment too), else the parent (the
-    child is a data-loader worker)."""
-    cands = list(candidates)
-    by_pid = {c.pid: c for c in cands}
-    drop: set[int] = set()
-    for c in cands:
-        parent = by_pid.get(c.ppid) if c.ppid is not None else None
-        if parent is None or parent.job != c.job or parent.rank != c.rank:
-            continue
-        if "progress_file" in c.proof and "progress_file" not in parent.proof:
-            drop.add(parent.pid)
-        else:
-            drop.add(c.pid)
-    return [c for c in cands if c.pid not in drop]
-
-
-def choose_gpu(nvml_gpus: Sequence[int], env_gpu: int | None) -> int | None:
-    """NVML is authoritative; a rank that also holds a stray context on another GPU (every rank on
-    GPU 0, a classic) is placed by its environment when that agrees with one of them."""
-    if env_gpu is not None and (not nvml_gpus or env_gpu in nvml_gpus):
-        return env_gpu
-    if len(nvml_gpus) == 1:
-        return nvml_gpus[0]
-    return None
+ProcInfo = tuple[int | None, list[str], psutil.Process | None]
+"""(ppid, command line, process) of one pid; the process None where it could not be read."""
+GroupKey = tuple[str, int | None, str | None]
 
 
 # ------------------------------------------------------------------------------------------- view
-
-
-@dataclass(frozen=True, slots=True)
-class RankProcess:
-    job: str
-    pid: int
-    rank: int | None
-    local_rank: int | None
-    world_size: int | None
-    gpu: int | None
-    """The GPU this rank drives (NVML, else LOCAL_RANK + CUDA_VISIBLE_DEVICES)."""
-    gpus: tuple[int, ...]
-    """Every GPU NVML lists the pid on."""
-    found_by: str
-    alive: bool
-    status: str | None
-    """psutil status: 'running', 'sleeping', 'disk-sleep' (D-state), 'stopped', 'zombie'...; None if gone."""
-    pgid: int | None
-    cpu_time_s: float | None
-    """User + system CPU seconds since the process started."""
-    cpu_time_delta_s: float | None
-    read_bytes_delta: int | None
-    write_bytes_delta: int | None
-    read_chars_delta: int | None
-    write_chars_delta: int | None
-    interval_s: float | None
-    """Seconds the deltas cover (None on the first measurement of this process)."""
-    gone_since_s: float | None = None
-    proof: tuple[str, ...] = ()
-    """What ties it to the job (see :class:`Candidate`); a process without proof is never signalled."""
-    uid: int | None = None
-    create_time: float | None = None
-    """With ``pid`` and ``uid``, the identity a signal is checked against (a recycled pid never matches)."""
-    scope: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,9 +212,6 @@ class ProcessInspector:
             for pid in pids:
                 nvml_gpus.setdefault(pid, []).append(gpu)
 
-        found: dict[int, Candidate] = {}
-        envs: dict[int, RankEnv | None] = {}
-        denied = 0
         scan_environ = (self.always_scan_environ or not nvml_gpus) and (
             self._last_scan_s is None or now_s - self._last_scan_s >= self.environ_scan_interval_s
         )
@@ -451,9 +220,58 @@ class ProcessInspector:
         claimed = {c.pid for c in claims if c.host_is_local}
         listed: set[int] = set(nvml_gpus) | claimed
 
-        # The environment (and the launcher tree) of every process, or only of the listed pids.
+        infos, launcher_set = self._read_processes(scan_environ, listed)
+        found, envs, denied = self._candidates(infos, launcher_set, listed, claimed, nvml_gpus, uuid_to_index)
+
+        if not scan_environ:  # ranks found by the last scan stay until the next one
+            for pid, old in self._tracked.items():
+                if (
+                    pid not in found
+                    and old.gone_since_s is None
+                    and old.cand.found_by in ("environ", "launcher")
+                ):
+                    found[pid] = old.cand
+
+        untrusted, renames, claimed_trees = _join_claims(found, claims, envs)
+        # Drop refused candidates that are nothing but the claim (no proof of their own).
+        for u in untrusted:
+            refused = found.get(u.pid)
+            if refused is not None and not refused.proof:
+                del found[u.pid]
+        self._untrusted = tuple(untrusted)
+
+        # A group - one environment job name, one owner, one kernel identity - with any pid joined to a
+        # progress file takes the progress file's job name; groups of other owners or identities that
+        # carry the same environment name never follow (another user's processes never join a job).
+        ranks = name_groups(list(found.values()), renames, claimed_trees)
+        ranks = pick_ranks(ranks)
+
+        tracked: dict[int, _Tracked] = {}
+        for cand in ranks:
+            got = self._process(cand.pid)
+            if got is None:
+                continue
+            proc, create_time = got
+            previous = self._tracked.get(cand.pid)
+            same = previous is not None and previous.create_time == create_time
+            tracked[cand.pid] = _Tracked(
+                proc, create_time, cand, previous.last if same and previous else None, None, None, None
+            )
+        for pid, old in self._tracked.items():  # keep the dead in view until forgotten
+            if pid not in tracked and old.gone_since_s is not None:
+                tracked[pid] = old
+        self._tracked = tracked
+        live_keys = {(pid, t.create_time) for pid, t in tracked.items()}
+        self._procs = {k: v for k, v in self._procs.items() if k in live_keys}
+        self.environ_denied_total += denied
+        self.last_discovery_duration_s = time.perf_counter() - started
+        return denied
+
+    def _read_processes(self, scan_environ: bool, listed: set[int]) -> tuple[dict[int, ProcInfo], set[int]]:
+        """(ppid, command line, process) of every process (``scan_environ``) or only of the listed
+        pids, and which of them are launchers."""
         launchers: list[int] = []
-        infos: dict[int, tuple[int | None, list[str], psutil.Process | None]] = {}
+        infos: dict[int, ProcInfo] = {}
         if scan_environ:
             for listed_proc in psutil.process_iter(["ppid", "cmdline"]):
                 info = listed_proc.info
@@ -470,6 +288,23 @@ class ProcessInspector:
                 launchers.append(pid)
         launcher_set = set(launchers)
 
+        return infos, launcher_set
+
+    def _candidates(
+        self,
+        infos: Mapping[int, ProcInfo],
+        launcher_set: set[int],
+        listed: set[int],
+        claimed: set[int],
+        nvml_gpus: Mapping[int, list[int]],
+        uuid_to_index: Mapping[str, int],
+    ) -> tuple[dict[int, Candidate], dict[int, RankEnv | None], int]:
+        """Every process with a proof of being a rank (its environment, a GPU context, a launcher
+        parent) or named by a progress file: the candidates, their environments, and how many
+        environments could not be read."""
+        found: dict[int, Candidate] = {}
+        envs: dict[int, RankEnv | None] = {}
+        denied = 0
         for pid, (ppid, cmdline, proc) in infos.items():
             if pid in (self.own_pid, 1) or proc is None or (not cmdline and pid not in listed):
                 continue  # ourselves, init, kernel threads, gone
@@ -483,7 +318,7 @@ class ProcessInspector:
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
             gpus = tuple(sorted(nvml_gpus.get(pid, ())))
-            under_launcher = _under(ppid, infos, launcher_set)
+            under_launcher = launcher_above(ppid, infos, launcher_set)
             proof = tuple(
                 name
                 for name, holds in (
@@ -536,83 +371,7 @@ class ProcessInspector:
                 sid=_sid(pid),
                 create_time=_create_time(proc),
             )
-
-        if not scan_environ:  # ranks found by the last scan stay until the next one
-            for pid, old in self._tracked.items():
-                if (
-                    pid not in found
-                    and old.gone_since_s is None
-                    and old.cand.found_by in ("environ", "launcher")
-                ):
-                    found[pid] = old.cand
-
-        # Progress files are claims: each is joined to the process it names only with proof.
-        untrusted: list[UntrustedClaim] = []
-        renames: dict[tuple[str, int | None, str | None], str] = {}
-        claimed_trees: dict[tuple[str, int | None, str | None], set[tuple[str, int]]] = {}
-        by_nspid: dict[int, list[Candidate]] = {}
-        for c in found.values():
-            if c.nspid is not None and c.nspid != c.pid:
-                by_nspid.setdefault(c.nspid, []).append(c)
-        for claim in claims:
-            direct = found.get(claim.pid) if claim.host_is_local else None
-            inner = by_nspid.get(claim.pid, [])
-            options = ([direct] if direct is not None else []) + inner
-            reasons: list[str] = []
-            chosen: Candidate | None = None
-            for cand in options:
-                why = judge_claim(claim, cand, envs.get(cand.pid))
-                if why is None:
-                    chosen = cand
-                    break
-                reasons.append(why)
-            if chosen is None:
-                if reasons:
-                    untrusted.append(UntrustedClaim(claim.job, claim.rank, claim.pid, "; ".join(reasons)))
-                continue  # or: the pid is not here (gone, or on another node): the file speaks alone
-            renames.setdefault(_identity(chosen), claim.job)
-            claimed_trees.setdefault(_identity(chosen), set()).update(_tree(chosen))
-            found[chosen.pid] = dataclasses.replace(
-                chosen,
-                job=claim.job,
-                rank=claim.rank,
-                local_rank=chosen.local_rank if chosen.local_rank is not None else claim.local_rank,
-                found_by="progress",
-                proof=(*chosen.proof, "progress_file"),
-            )
-        # Drop refused candidates that are nothing but the claim (no proof of their own).
-        for u in untrusted:
-            refused = found.get(u.pid)
-            if refused is not None and not refused.proof:
-                del found[u.pid]
-        self._untrusted = tuple(untrusted)
-
-        # A group - one environment job name, one owner, one kernel identity - with any pid joined to a
-        # progress file takes the progress file's job name; groups of other owners or identities that
-        # carry the same environment name never follow (another user's processes never join a job).
-        ranks = name_groups(list(found.values()), renames, claimed_trees)
-        ranks = pick_ranks(ranks)
-
-        tracked: dict[int, _Tracked] = {}
-        for cand in ranks:
-            got = self._process(cand.pid)
-            if got is None:
-                continue
-            proc, create_time = got
-            previous = self._tracked.get(cand.pid)
-            same = previous is not None and previous.create_time == create_time
-            tracked[cand.pid] = _Tracked(
-                proc, create_time, cand, previous.last if same and previous else None, None, None, None
-            )
-        for pid, old in self._tracked.items():  # keep the dead in view until forgotten
-            if pid not in tracked and old.gone_since_s is not None:
-                tracked[pid] = old
-        self._tracked = tracked
-        live_keys = {(pid, t.create_time) for pid, t in tracked.items()}
-        self._procs = {k: v for k, v in self._procs.items() if k in live_keys}
-        self.environ_denied_total += denied
-        self.last_discovery_duration_s = time.perf_counter() - started
-        return denied
+        return found, envs, denied
 
     # -------------------------------------------------------------------------------- measuring
 
@@ -672,6 +431,48 @@ class ProcessInspector:
         )  # fmt: skip
 
 
+def _join_claims(
+    found: dict[int, Candidate], claims: Sequence[ProgressClaim], envs: Mapping[int, RankEnv | None]
+) -> tuple[list[UntrustedClaim], dict[GroupKey, str], dict[GroupKey, set[tuple[str, int]]]]:
+    """Progress files are claims: each is joined to the process it names only with proof (``found``
+    is updated in place). The refused claims, and per group the claimed job name and the claimed
+    processes' places in the tree."""
+    untrusted: list[UntrustedClaim] = []
+    renames: dict[tuple[str, int | None, str | None], str] = {}
+    claimed_trees: dict[tuple[str, int | None, str | None], set[tuple[str, int]]] = {}
+    by_nspid: dict[int, list[Candidate]] = {}
+    for c in found.values():
+        if c.nspid is not None and c.nspid != c.pid:
+            by_nspid.setdefault(c.nspid, []).append(c)
+    for claim in claims:
+        direct = found.get(claim.pid) if claim.host_is_local else None
+        inner = by_nspid.get(claim.pid, [])
+        options = ([direct] if direct is not None else []) + inner
+        reasons: list[str] = []
+        chosen: Candidate | None = None
+        for cand in options:
+            why = judge_claim(claim, cand, envs.get(cand.pid))
+            if why is None:
+                chosen = cand
+                break
+            reasons.append(why)
+        if chosen is None:
+            if reasons:
+                untrusted.append(UntrustedClaim(claim.job, claim.rank, claim.pid, "; ".join(reasons)))
+            continue  # or: the pid is not here (gone, or on another node): the file speaks alone
+        renames.setdefault(group_identity(chosen), claim.job)
+        claimed_trees.setdefault(group_identity(chosen), set()).update(tree_marks(chosen))
+        found[chosen.pid] = dataclasses.replace(
+            chosen,
+            job=claim.job,
+            rank=claim.rank,
+            local_rank=chosen.local_rank if chosen.local_rank is not None else claim.local_rank,
+            found_by="progress",
+            proof=(*chosen.proof, "progress_file"),
+        )
+    return untrusted, renames, claimed_trees
+
+
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -699,109 +500,12 @@ def _nspid(pid: int) -> int | None:
     return None
 
 
-def _under(
-    ppid: int | None, infos: Mapping[int, tuple[int | None, list[str], object]], launchers: set[int]
-) -> int | None:
-    """The launcher among the first three ancestors (a rank may sit under a wrapper), or None."""
-    seen = 0
-    while ppid is not None and seen < 3:
-        if ppid in launchers:
-            return ppid
-        info = infos.get(ppid)
-        ppid = info[0] if info is not None else None
-        seen += 1
-    return None
-
-
-def _identity(c: Candidate) -> tuple[str, int | None, str | None]:
-    return (c.job, c.uid, c.scope)
-
-
-def name_groups(
-    cands: Sequence[Candidate],
-    renames: Mapping[tuple[str, int | None, str | None], str],
-    claimed_trees: Mapping[tuple[str, int | None, str | None], set[tuple[str, int]]] | None = None,
-) -> list[Candidate]:
-    """Final job names (pure). Candidates are grouped by (environment job name, owner uid, kernel
-    scope). A process a progress file claimed (with proof) is in the claim's job; so is the rest of its
-    group (``renames``) - where no cgroup names the job, only the processes that share a claimed
-    process's session or parent (``claimed_trees``: the launcher's process tree), so a same-named job
-    of the same user started elsewhere stays apart. A name that two groups would share goes to one of
-    them: the claimed group first, else the one with the oldest process (a later process cannot take a
-    running job's name); each other group gets the name with ``@uid<uid>`` (another owner), ``@<scope>`` or
-    ``@sid<session>`` appended, so no group ever joins another's job."""
-    final: dict[tuple[str, int | None, str | None, bool], list[Candidate]] = {}
-    for c in cands:
-        ident = _identity(c)
-        if "progress_file" in c.proof:
-            name, claimed = c.job, True
-        elif ident in renames and (
-            c.scope is not None or claimed_trees is None or bool(_tree(c) & claimed_trees.get(ident, set()))
-        ):
-            name, claimed = renames[ident], True
-        else:
-            name, claimed = c.job, False
-        final.setdefault((name, c.uid, c.scope, claimed), []).append(c)
-    best: dict[str, tuple[tuple[int, float], tuple[int | None, str | None, bool]]] = {}
-    for (name, uid, scope, claimed), members in final.items():
-        oldest = min((c.create_time if c.create_time is not None else float("inf")) for c in members)
-        rank = (0 if claimed else 1, oldest)
-        if name not in best or rank < best[name][0]:
-            best[name] = (rank, (uid, scope, claimed))
-    out = []
-    for (name, uid, scope, claimed), members in final.items():
-        w_uid, w_scope, w_claimed = best[name][1]
-        job = name
-        if (uid, scope, claimed) != (w_uid, w_scope, w_claimed) and not claimed:
-            if uid != w_uid:
-                job = f"{name}@uid{uid}"
-            elif scope != w_scope:
-                job = f"{name}@{scope}"
-            else:
-                sids = [c.sid for c in members if c.sid is not None]
-                job = f"{name}@sid{min(sids)}" if sids else f"{name}@other"
-        for c in members:
-            keep = "progress_file" in c.proof or c.job == job
-            out.append(c if keep else dataclasses.replace(c, job=job))
-    return out
-
-
-def kernel_scope(cgroup_text: str | None) -> str | None:
-    """The kernel-level job identity in ``/proc/PID/cgroup`` text (pure): the Slurm job cgroup
-    (``.../job_<id>/...``, made by slurmd) or a container's cgroup; None for neither."""
-    if not cgroup_text:
-        return None
-    for line in cgroup_text.splitlines():
-        path = line.split(":", 2)[-1]
-        m = _CGROUP_JOB.search(path)
-        if m is not None:
-            return f"slurm:{m.group(1)}"
-    for line in cgroup_text.splitlines():
-        pod = parse_cgroup_path(line.split(":", 2)[-1])
-        if pod is not None:
-            return f"container:{(pod.container_id or pod.pod_uid)[:16]}"
-    return None
-
-
-_CGROUP_JOB = re.compile(r"/job_(\d{1,20})(?:/|$)")
-
-
 def _read_cgroup(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/cgroup", "rb") as f:
             return f.read(65536).decode("utf-8", "replace")
     except OSError:
         return None
-
-
-def _tree(c: Candidate) -> set[tuple[str, int]]:
-    """Where ``c`` sits in the process tree: its session and its parent (not init)."""
-    out: set[tuple[str, int]] = set()
-    if c.sid is not None and c.sid > 1:
-        out.add(("sid", c.sid))
-    if c.ppid is not None and c.ppid > 1:
-        out.add(("ppid", c.ppid))
-    return out
 
 
 def _sid(pid: int) -> int | None:
@@ -818,22 +522,4 @@ def _create_time(proc: psutil.Process) -> float | None:
         return None
 
 
-__all__ = [
-    "Candidate",
-    "ProcessInspector",
-    "ProcessView",
-    "ProgressClaim",
-    "RankEnv",
-    "RankProcess",
-    "UntrustedClaim",
-    "choose_gpu",
-    "gpu_for_local_rank",
-    "is_launcher",
-    "job_key",
-    "judge_claim",
-    "kernel_scope",
-    "local_rank_from_cmdline",
-    "name_groups",
-    "pick_ranks",
-    "rank_env",
-]
+__all__ = ["ProcessInspector", "ProcessView"]

@@ -10,7 +10,7 @@ classifier dates a change back to the first sample of the run that caused it).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError, Reco
 from gpu_triage.recordings.values import impossible_power_limit
 from gpu_triage.triage import DEFAULT_DEADLOCK_AFTER_S
 from gpu_triage.triage.bursts import Bursts, BurstTracker
-from gpu_triage.triage.deadlock_rule import Cadence, Wait, analyse
+from gpu_triage.triage.deadlock_rule import Cadence, DeadlockFinding, Wait, analyse
 
 #: Points kept per GPU for the plot (evenly thinned).
 PLOT_POINTS_PER_GPU = 6000
@@ -262,6 +262,67 @@ def triage_file(
         raise RecordingError(path, 1, 1, "the recording has no samples")
     _check_snapshots(path, header, total, opts.columns)
     end_s = max((tr.last_t for tr in tracks if tr.last_t is not None), default=0.0)
+    states_s, per_gpu, segments, band_intervals, gpu_segments = _tally(tracks)
+    segments.sort(key=lambda s: (s["start_s"], s["gpu"]))
+    # an interval reaching the last sample of every GPU is still open at the end of the recording
+    open_end = min((tr.last_t for tr in tracks if tr.last_t is not None), default=end_s)
+    bursts = [tr.bursts.finish() if tr.bursts is not None else Bursts() for tr in tracks]
+    rule = analyse(band_intervals, open_end, opts.deadlock_after_s, gpu_segments, bursts)
+    verdicts = _verdict_dicts(rule.findings)
+    plot = _plot_points(tracks) if opts.keep_plot_points else None
+    return TriageResult(
+        file=path,
+        model=model,
+        table=table,
+        power_limit_w=limit_w,
+        gpus=n_gpus,
+        samples=total,
+        duration_s=end_s,
+        states_s=states_s,
+        per_gpu_states_s=per_gpu,
+        segments=segments,
+        verdicts=verdicts,
+        deadlock_after_s=opts.deadlock_after_s,
+        warnings=list(reader.warnings),
+        start_time=t0,
+        plot=plot,
+        waits=rule.waits,
+        cadences=rule.cadences,
+        bursts=bursts,
+    )
+
+
+def _verdict_dicts(findings: Sequence[DeadlockFinding]) -> list[dict[str, Any]]:
+    """The power-only rule's findings as the report's ``verdicts``."""
+    return [
+        {
+            "verdict": "deadlock",
+            "confidence": "suspected",
+            "gpus": list(f.gpus),
+            "onset_s": round(f.onset_s, 3),
+            "detected_s": round(f.detected_s, 3),
+            "ended_s": None if f.ended_s is None else round(f.ended_s, 3),
+            "departed_from_cadence_s": (
+                None if f.departed_from_cadence_s is None else round(f.departed_from_cadence_s, 3)
+            ),
+            "cadence": None if f.cadence is None else f.cadence.to_json(),
+            "evidence": list(f.evidence),
+        }
+        for f in findings
+    ]
+
+
+def _tally(
+    tracks: list[_GpuTrack],
+) -> tuple[
+    dict[str, float],
+    list[dict[str, float]],
+    list[dict[str, Any]],
+    list[list[tuple[float, float]]],
+    list[list[tuple[float, float, str]]],
+]:
+    """From each GPU's switches: seconds per state (all GPUs, and per GPU), the segments, each GPU's
+    intervals in the checkpoint-or-deadlock band, and each GPU's (start, end, state) segments."""
     states_s = {str(s): 0.0 for s in GPU_STATES}
     per_gpu: list[dict[str, float]] = []
     segments: list[dict[str, Any]] = []
@@ -286,59 +347,22 @@ def triage_file(
         per_gpu.append(mine)
         band_intervals.append(spans)
         gpu_segments.append(mine_segments)
-    segments.sort(key=lambda s: (s["start_s"], s["gpu"]))
-    # an interval reaching the last sample of every GPU is still open at the end of the recording
-    open_end = min((tr.last_t for tr in tracks if tr.last_t is not None), default=end_s)
-    bursts = [tr.bursts.finish() if tr.bursts is not None else Bursts() for tr in tracks]
-    rule = analyse(band_intervals, open_end, opts.deadlock_after_s, gpu_segments, bursts)
-    verdicts = [
-        {
-            "verdict": "deadlock",
-            "confidence": "suspected",
-            "gpus": list(f.gpus),
-            "onset_s": round(f.onset_s, 3),
-            "detected_s": round(f.detected_s, 3),
-            "ended_s": None if f.ended_s is None else round(f.ended_s, 3),
-            "departed_from_cadence_s": (
-                None if f.departed_from_cadence_s is None else round(f.departed_from_cadence_s, 3)
-            ),
-            "cadence": None if f.cadence is None else f.cadence.to_json(),
-            "evidence": list(f.evidence),
-        }
-        for f in rule.findings
-    ]
-    plot = None
-    if opts.keep_plot_points:
-        plot = []
-        for tr in tracks:
-            t = np.concatenate(tr.plot_t) if tr.plot_t else np.empty(0)
-            p = np.concatenate(tr.plot_p) if tr.plot_p else np.empty(0)
-            u = np.concatenate(tr.plot_u) if tr.plot_u else np.empty(0)
-            since = np.array([s[0] for s in tr.switches])
-            codes = np.array([CODE[s[2]] for s in tr.switches], dtype=np.int8)
-            idx = np.searchsorted(since, t, side="right") - 1
-            state_codes = codes[np.clip(idx, 0, None)] if len(codes) else np.zeros(len(t), np.int8)
-            plot.append((t, p, state_codes, u))
-    return TriageResult(
-        file=path,
-        model=model,
-        table=table,
-        power_limit_w=limit_w,
-        gpus=n_gpus,
-        samples=total,
-        duration_s=end_s,
-        states_s=states_s,
-        per_gpu_states_s=per_gpu,
-        segments=segments,
-        verdicts=verdicts,
-        deadlock_after_s=opts.deadlock_after_s,
-        warnings=list(reader.warnings),
-        start_time=t0,
-        plot=plot,
-        waits=rule.waits,
-        cadences=rule.cadences,
-        bursts=bursts,
-    )
+    return states_s, per_gpu, segments, band_intervals, gpu_segments
+
+
+def _plot_points(tracks: list[_GpuTrack]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per GPU, the thinned (time, power, state code, utilization) points kept for the plot."""
+    plot = []
+    for tr in tracks:
+        t = np.concatenate(tr.plot_t) if tr.plot_t else np.empty(0)
+        p = np.concatenate(tr.plot_p) if tr.plot_p else np.empty(0)
+        u = np.concatenate(tr.plot_u) if tr.plot_u else np.empty(0)
+        since = np.array([s[0] for s in tr.switches])
+        codes = np.array([CODE[s[2]] for s in tr.switches], dtype=np.int8)
+        idx = np.searchsorted(since, t, side="right") - 1
+        state_codes = codes[np.clip(idx, 0, None)] if len(codes) else np.zeros(len(t), np.int8)
+        plot.append((t, p, state_codes, u))
+    return plot
 
 
 def _check_snapshots(path: str, header: RecordingHeader, rows: int, columns: tuple[str, ...] | None) -> None:

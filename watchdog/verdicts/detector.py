@@ -48,12 +48,12 @@ progress or a hang, or GPUs held idle).
 or a lease has its own budget, learned from this job's first steps (:mod:`gpu_triage.verdicts.step_timing`).
 
 **Where each part lives**: this module is the facade (:class:`Detector`); the settings are
-:mod:`~gpu_triage.verdicts.settings` (:class:`DetectorConfig`, re-exported here), the per-job memory
+:mod:`~gpu_triage.verdicts.settings` (:class:`DetectorConfig`), the per-job memory
 across cycles and its saved form :mod:`~gpu_triage.verdicts.memory`, one cycle's facts about a job
 :mod:`~gpu_triage.verdicts.facts`, the freeze budgets :mod:`~gpu_triage.verdicts.budgets`, the hang
 rules K1-K6 :mod:`~gpu_triage.verdicts.hang_rules`, the verdicts without proof (``stalled``, ``slow``,
 ``cannot_judge``) :mod:`~gpu_triage.verdicts.stall_rules`, and the verdict decision
-:mod:`~gpu_triage.verdicts.decision`; findings and evidence :mod:`~gpu_triage.verdicts.evidence`.
+:mod:`~gpu_triage.verdicts.decision`; findings and evidence :mod:`~gpu_triage.verdicts.job_evidence`.
 """
 
 from __future__ import annotations
@@ -65,15 +65,13 @@ from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.verdicts.budgets import fast_budget_s
 from gpu_triage.verdicts.decision import decide
-from gpu_triage.verdicts.evidence import job_evidence, job_findings
 from gpu_triage.verdicts.facts import job_facts
+from gpu_triage.verdicts.job_evidence import job_evidence, job_findings
 from gpu_triage.verdicts.memory import JobMemory, export_jobs, learn, restore_jobs
-from gpu_triage.verdicts.settings import DetectorConfig as DetectorConfig
+from gpu_triage.verdicts.settings import DetectorConfig
 from gpu_triage.verdicts.stall_rules import blind_reasons
 from gpu_triage.verdicts.step_timing import StepTiming
-from gpu_triage.verdicts.views import GpuView as GpuView
-from gpu_triage.verdicts.views import JobView as JobView
-from gpu_triage.verdicts.views import RankView as RankView
+from gpu_triage.verdicts.views import GpuView, JobView
 
 _DEFAULT_CONFIG = DetectorConfig()
 
@@ -189,7 +187,7 @@ class Detector:
         )
 
 
-__all__ = ["Detector", "DetectorConfig", "GpuView", "JobView", "RankView"]
+__all__ = ["Detector"]
 
 
 def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:

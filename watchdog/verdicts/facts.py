@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.signals.fleet.fusion import FleetEvidence, fuse
-from gpu_triage.signals.stacks.evidence import StackFacts, stack_facts
+from gpu_triage.signals.stacks.stack_facts import StackFacts, stack_facts
 from gpu_triage.verdicts import memory
 from gpu_triage.verdicts.memory import JobMemory
 from gpu_triage.verdicts.settings import LEASED_PHASES, STOPPED_STATUSES, WORKING_STATES, DetectorConfig

@@ -1,5 +1,5 @@
 """Join what the progress files and the process inspector say about each job into the detector's
-:class:`~gpu_triage.verdicts.detector.JobView` (pure).
+:class:`~gpu_triage.verdicts.views.JobView` (pure).
 
 Jobs are keyed by name: the progress files' ``job``; the inspector names a process group after the
 progress file it joined (with proof) and otherwise after the launcher / environment. Ranks are matched
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpu_triage.signals.processes import RankProcess, UntrustedClaim
-from gpu_triage.signals.progress import JobProgress, RankProgress, StaleReason
-from gpu_triage.verdicts.detector import JobView, RankView
+from gpu_triage.signals.progress_model import JobProgress, RankProgress, StaleReason
+from gpu_triage.signals.ranks import RankProcess, UntrustedClaim
+from gpu_triage.verdicts.views import JobView, RankView
 
 
 def _rank_view(rank: int, prog: RankProgress | None, proc: RankProcess | None, fresh_io: bool) -> RankView:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from gpu_triage.model.findings import Signal
 from gpu_triage.model.states import GpuState
 from gpu_triage.signals.fleet.fusion import FleetState
-from gpu_triage.signals.stacks.evidence import StackFacts, asleep_long_enough
+from gpu_triage.signals.stacks.stack_facts import StackFacts, asleep_long_enough
 from gpu_triage.verdicts.budgets import fast_budget_s
 from gpu_triage.verdicts.facts import JobFacts
 from gpu_triage.verdicts.settings import DetectorConfig

@@ -1,5 +1,5 @@
 """``[detector]``: the detector's settings (:class:`DetectorConfig`) and the few fixed sets its rules
-share (pure). Importable as ``gpu_triage.verdicts.detector.DetectorConfig`` too."""
+share (pure)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gpu_triage.model.findings import Signal
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.signals.stacks.dumps import AVAILABLE
-from gpu_triage.signals.stacks.evidence import where
+from gpu_triage.signals.stacks.stack_facts import where
 from gpu_triage.verdicts.budgets import fast_budget_s, stall_budget_s
 from gpu_triage.verdicts.facts import Decision, JobFacts
 from gpu_triage.verdicts.hang_rules import vetoed

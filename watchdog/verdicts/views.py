@@ -8,7 +8,7 @@ from typing import Any
 
 from gpu_triage.model.states import GpuState
 from gpu_triage.signals.fleet.remote import RemoteFacts
-from gpu_triage.signals.nccl_ras.evidence import RasFacts
+from gpu_triage.signals.nccl_ras.ras_facts import RasFacts
 from gpu_triage.signals.stacks.dumps import StackSummary
 from gpu_triage.verdicts.step_timing import FirstStep
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from gpu_triage.alerts.model import (
     ALERT_NAMES,
-    ALERTMANAGER_EXPIRY_RESENDS,
     LABEL_SEVERITY,
     SOURCE,
     Alert,
@@ -26,7 +25,10 @@ from gpu_triage.alerts.model import (
     pod_text,
     rfc3339,
 )
-from gpu_triage.alerts.sinks.protocol import RenderContext
+from gpu_triage.alerts.sinks.protocol import RenderContext, SinkTraits
+
+ALERTMANAGER_EXPIRY_RESENDS = 4
+"""A firing alert's ``endsAt`` lies this many resend intervals after it was sent."""
 
 
 def alertmanager_payload(
@@ -72,17 +74,13 @@ def alertmanager_payload(
     return out
 
 
+ALERTMANAGER_TRAITS = SinkTraits(resends_active=True, endpoint_path="/api/v2/alerts")
+
+
 @dataclass(frozen=True, slots=True)
 class Alertmanager:
     name: str = "alertmanager"
-    needs_routing_key: bool = False
-    default_url: str | None = None
-    resends_active: bool = True
-
-    def endpoint(self, url: str) -> str:
-        """``{url}/api/v2/alerts``, unless ``url`` already names it."""
-        base = url.rstrip("/")
-        return base if base.endswith("/api/v2/alerts") else f"{base}/api/v2/alerts"
+    traits: SinkTraits = ALERTMANAGER_TRAITS
 
     def payload(self, alert: Alert, context: RenderContext) -> Any:
         return alertmanager_payload(

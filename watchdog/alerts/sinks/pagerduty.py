@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_triage.alerts.model import PAGERDUTY_SUMMARY_MAX, SOURCE, Alert, rfc3339, truncate
-from gpu_triage.alerts.sinks.protocol import RenderContext
+from gpu_triage.alerts.model import SOURCE, Alert, rfc3339, truncate
+from gpu_triage.alerts.sinks.protocol import RenderContext, SinkTraits
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+PAGERDUTY_SUMMARY_MAX = 1024
+"""PagerDuty cuts ``payload.summary`` at 1024 characters (the key's limit: ``model.DEDUP_KEY_MAX``)."""
 
 
 def pagerduty_payload(alert: Alert, routing_key: str) -> dict[str, Any]:
@@ -52,15 +54,13 @@ def pagerduty_payload(alert: Alert, routing_key: str) -> dict[str, Any]:
     return event
 
 
+PAGERDUTY_TRAITS = SinkTraits(needs_routing_key=True, default_url=PAGERDUTY_EVENTS_URL)
+
+
 @dataclass(frozen=True, slots=True)
 class PagerDuty:
     name: str = "pagerduty"
-    needs_routing_key: bool = True
-    default_url: str | None = PAGERDUTY_EVENTS_URL
-    resends_active: bool = False
-
-    def endpoint(self, url: str) -> str:
-        return url
+    traits: SinkTraits = PAGERDUTY_TRAITS
 
     def payload(self, alert: Alert, context: RenderContext) -> Any:
         if not context.routing_key:

@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_triage.alerts.model import SLACK_SECTION_MAX, Alert, gpu_ranges, rfc3339, truncate
-from gpu_triage.alerts.sinks.protocol import RenderContext
+from gpu_triage.alerts.model import Alert, gpu_ranges, rfc3339, truncate
+from gpu_triage.alerts.sinks.protocol import RenderContext, SinkTraits
+
+SLACK_SECTION_MAX = 2900
+"""Slack limits a section's text to 3000 characters."""
 
 
 def slack_payload(alert: Alert) -> dict[str, Any]:
@@ -40,15 +43,13 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     }
 
 
+SLACK_TRAITS = SinkTraits()
+
+
 @dataclass(frozen=True, slots=True)
 class Slack:
     name: str = "slack"
-    needs_routing_key: bool = False
-    default_url: str | None = None
-    resends_active: bool = False
-
-    def endpoint(self, url: str) -> str:
-        return url
+    traits: SinkTraits = SLACK_TRAITS
 
     def payload(self, alert: Alert, context: RenderContext) -> Any:
         return slack_payload(alert)

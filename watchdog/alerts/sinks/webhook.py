@@ -6,22 +6,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_triage.alerts.model import SOURCE, Alert
-from gpu_triage.alerts.sinks.protocol import RenderContext
+from gpu_triage.alerts.sinks.protocol import RenderContext, SinkTraits
 
 
 def webhook_payload(alert: Alert) -> dict[str, Any]:
     return {"version": "1", "source": SOURCE, **alert.to_dict()}
 
 
+WEBHOOK_TRAITS = SinkTraits()
+
+
 @dataclass(frozen=True, slots=True)
 class Webhook:
     name: str = "webhook"
-    needs_routing_key: bool = False
-    default_url: str | None = None
-    resends_active: bool = False
-
-    def endpoint(self, url: str) -> str:
-        return url
+    traits: SinkTraits = WEBHOOK_TRAITS
 
     def payload(self, alert: Alert, context: RenderContext) -> Any:
         return webhook_payload(alert)

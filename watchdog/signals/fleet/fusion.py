@@ -43,7 +43,7 @@ from gpu_triage.signals.fleet.facts import SAVE_OR_EVAL, NodeJobFacts
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.fleet.summary import JobSummary
 from gpu_triage.signals.stacks.dumps import STEP_PHASES, group_key
-from gpu_triage.signals.stacks.evidence import StackFacts
+from gpu_triage.signals.stacks.stack_facts import StackFacts
 
 MAX_NAMED = 16
 STEP = frozenset(str(p) for p in STEP_PHASES)

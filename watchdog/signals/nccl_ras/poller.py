@@ -17,7 +17,7 @@ from typing import Any
 from gpu_triage.model.config_checks import boolean, integer, nonempty_text, number
 from gpu_triage.model.config_schema import setting
 from gpu_triage.signals.nccl_ras import client as ras
-from gpu_triage.signals.nccl_ras.evidence import RasFacts, RasPoll, parse_report, ras_facts
+from gpu_triage.signals.nccl_ras.ras_facts import RasFacts, RasPoll, parse_report, ras_facts
 
 
 @dataclass(frozen=True, slots=True)

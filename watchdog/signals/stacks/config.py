@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from gpu_triage.model.config_checks import boolean, integer, nonempty_text, number
 from gpu_triage.model.config_schema import setting
-from gpu_triage.signals.stacks.evidence import StackEvidenceConfig
+from gpu_triage.signals.stacks.stack_facts import StackEvidenceConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """Kill coordination on the loop thread: the SIGTERM rung's checks (armed, the deterministic-hang
 breaker, evidence still being captured, proven targets of one owner, the kills-per-hour budget persisted in
 ``actions.kill_times``), the kill's stages, the SIGKILL rung after ``sigkill_grace_s``, and the workers'
-outcomes turned into records. What the worker runs is :mod:`gpu_triage.actions.kill_runs`.
+outcomes turned into records. What the worker runs is :mod:`gpu_triage.actions.kill_runner`.
 
 A kill outlives a restart of the daemon (``actions.kills_in_progress``): which pids were signalled (the
 detector keeps calling them ``killed``, so the dying job never begins a new episode) and, once a SIGTERM
@@ -12,23 +12,22 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from gpu_triage.actions.captures import rank_targets
 from gpu_triage.actions.config import ActionsConfig
-from gpu_triage.actions.episode import Episode, KillState
-from gpu_triage.actions.kill import Identity, KillPlan
-from gpu_triage.actions.kill_runs import KillRunner
+from gpu_triage.actions.episode import KillState
+from gpu_triage.actions.kill_runner import KillRunner
+from gpu_triage.actions.kill_targets import Identity, KillPlan
 from gpu_triage.actions.ladder import sigkill_step
 from gpu_triage.actions.records import KV_KILLS, KV_KILLS_IN_PROGRESS, KvState, Records
+from gpu_triage.actions.turn import JobTurn
 from gpu_triage.actions.worker import HookRun, HookSurvivors, KillDone, OrderedWorker, TermDone
 from gpu_triage.alerts.model import rfc3339
 from gpu_triage.model.actions import Action, CaptureState, KillStage, Result
 from gpu_triage.model.jsonable import finite_number
-from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import Mode
-from gpu_triage.signals.processes import RankProcess
 
 KILL_WINDOW_S = 3600.0
 MAX_SAVED_PIDS = 4096
@@ -140,16 +139,9 @@ class KillCoordinator:
 
     # ------------------------------------------------------------------------------ SIGTERM
 
-    def sigterm(
-        self,
-        ep: Episode,
-        job: JobStatus,
-        now: float,
-        mode: Mode,
-        procs: Sequence[RankProcess],
-        records: Records,
-    ) -> None:
+    def sigterm(self, turn: JobTurn) -> None:
         """The SIGTERM rung is due: start it, or record why not (once per episode and reason)."""
+        ep, job, now, mode, procs, records = turn.ep, turn.job, turn.now, turn.mode, turn.procs, turn.records
         a = self.actions
         action = Action.KILL_HOOK if a.kill_hook else Action.SIGTERM
         pids = [t.pid for t in rank_targets(job, procs)]

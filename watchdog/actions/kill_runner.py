@@ -13,7 +13,7 @@ from typing import Any
 
 from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.episode import KillState
-from gpu_triage.actions.kill import (
+from gpu_triage.actions.kill_targets import (
     CommandRunner,
     HookError,
     Identity,

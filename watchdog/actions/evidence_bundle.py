@@ -44,7 +44,6 @@ import os
 import re
 import shutil
 import stat
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ from typing import Any
 import psutil
 
 from gpu_triage.actions import evidence_report
-from gpu_triage.actions.kill import CommandRunner, SubprocessRunner
+from gpu_triage.actions.kill_targets import CommandRunner, SubprocessRunner
 from gpu_triage.signals import flight_recorder
 from gpu_triage.signals.nccl_ras import client as ras
 
@@ -101,15 +100,6 @@ def reserve_bundle(state_dir: Path, job: str, now: float) -> Path:
         except FileExistsError:
             continue
         return path
-
-
-def find_py_spy() -> str | None:
-    """py-spy from PATH, else beside the running interpreter (a virtual environment's ``bin``)."""
-    found = shutil.which("py-spy")
-    if found:
-        return found
-    beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -628,7 +618,6 @@ __all__ = [
     "bundle_path",
     "bundle_time",
     "find_nvidia_smi",
-    "find_py_spy",
     "prune_bundles",
     "reserve_bundle",
     "safe_name",

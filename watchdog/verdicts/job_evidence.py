@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpu_triage.model.evidence import CannotJudge, Coverage, JobEvidence
 from gpu_triage.model.findings import Finding, Signal, context, hang, progress
 from gpu_triage.signals.fleet.fusion import FleetEvidence, FleetState
-from gpu_triage.signals.stacks.evidence import StackEvidenceConfig, stack_findings, where
+from gpu_triage.signals.stacks.stack_facts import StackEvidenceConfig, stack_findings, where
 from gpu_triage.verdicts.facts import Decision, JobFacts
 from gpu_triage.verdicts.views import JobView
 
