@@ -872,3 +872,54 @@ def test_the_job_wide_view_gives_both_new_causes():
     text = render((lost, split), now)
     assert "node-a: silent (no facts for 90 s)" in text and "cause: node node-a lost" in text
     assert lost.to_json(now)["silent_nodes"] == [{"node": "node-a", "last_facts": now - 90}]
+
+
+@pytest.mark.parametrize("rules", [True, False])
+def test_the_poller_reads_the_rules_aggregates_where_they_run_and_the_raw_facts_where_not(rules: bool):
+    """[cluster] job_rules = "auto" against a loopback Prometheus: with the rules, one query for the
+    aggregates; without, the raw facts at once and no rules query again for a while."""
+    from urllib.parse import parse_qs, urlparse
+
+    from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
+
+    asked: list[str] = []
+
+    def vector(result):
+        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    aggregates = [
+        {"metric": {"__name__": "training_job:gpu_watchdog_fleet_world_size:max", "training_job": "job"},
+         "value": [1.0, "4"]},
+    ]  # fmt: skip
+    raw = [
+        {"metric": {"__name__": "gpu_watchdog_fleet_facts_timestamp_seconds", "training_job": "job",
+                    "fleet_node": "node-a"}, "value": [1.0, "99"]},
+    ]  # fmt: skip
+
+    def handler(h):
+        query = parse_qs(urlparse(h.path).query)["query"][0]
+        asked.append("rules" if query.startswith('{__name__=~"training_job') else "facts")
+        _send(
+            h,
+            vector(
+                aggregates if rules and asked[-1] == "rules" else raw if asked[-1] == "facts" else []
+            ).encode(),
+        )
+
+    with _server(handler) as url:
+        poller = FleetPoller(
+            PollerConfig(prometheus_url=url, node="node-b", min_interval_s=1.0), clock=lambda: 100.0
+        )
+        try:
+            assert poller.request(100.0, "job", True) and poller.wait_idle(10)
+            first = poller.latest("job")
+            assert poller.request(102.0, "job", True) and poller.wait_idle(10)
+        finally:
+            poller.close()
+    assert first is not None and first.error is None
+    if rules:
+        assert asked == ["rules", "rules"] and first.summary is not None and first.summary.world_size == 4
+        assert poller.status()["last_source"] == "rules"
+    else:
+        assert asked == ["rules", "facts", "facts"] and first.summary is None
+        assert [n.node for n in first.nodes] == ["node-a"] and poller.status()["last_source"] == "facts"
