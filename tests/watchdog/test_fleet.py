@@ -923,3 +923,30 @@ def test_the_poller_reads_the_rules_aggregates_where_they_run_and_the_raw_facts_
     else:
         assert asked == ["rules", "facts", "facts"] and first.summary is None
         assert [n.node for n in first.nodes] == ["node-a"] and poller.status()["last_source"] == "facts"
+
+
+def test_a_hostile_aggregates_answer_is_bounded_and_skips_what_is_no_rank():
+    from gpu_triage.signals.fleet.summary import MAX_NAMED, job_summary
+
+    jl = {"training_job": "job"}
+    flood = [
+        Sample({"__name__": "training_job_fleet_node:gpu_watchdog_fleet_io_active:first", **jl,
+                "fleet_node": f"n{i}", "io": "write"}, 1.0, 1.0)
+        for i in range(10_000)
+    ]  # fmt: skip
+    bad = [
+        Sample({"__name__": "training_job:gpu_watchdog_fleet_odd_rank:since_timestamp_seconds", **jl,
+                "fleet_node": "x", "rank": r}, 1.0, 1.0)
+        for r in ("-1", "9" * 40, "a")
+    ]  # fmt: skip
+    other = Sample(
+        {"__name__": "training_job:gpu_watchdog_fleet_world_size:max", "training_job": "other"}, 4, 1
+    )
+    assert job_summary("job", [*flood, *bad, other], now=1.0, stale_after_s=15.0) is None  # no rules: None
+    present = Sample({"__name__": "training_job:gpu_watchdog_fleet_world_size:max", **jl}, float("inf"), 1.0)
+    sm = job_summary("job", [present, *flood, *bad], now=1.0, stale_after_s=15.0)
+    assert sm is None  # a world size that is no number is no answer either
+    present = Sample({"__name__": "training_job:gpu_watchdog_fleet_world_size:max", **jl}, 4.0, 1.0)
+    sm = job_summary("job", [present, *flood, *bad], now=1.0, stale_after_s=15.0)
+    assert sm is not None and sm.world_size == 4 and sm.odd == ()
+    assert len(sm.writing) <= 256 and MAX_NAMED == 16

@@ -31,6 +31,8 @@ from gpu_triage.signals.fleet.remote import MAX_RANK, Sample
 
 MAX_NAMED = 16
 """Silent nodes, odd ranks and signs of a save read per answer (the rest are counted, not named)."""
+MAX_NAMED_SERIES = 256
+"""Series naming a node read per answer (the rules record at most 16 + 4 x 5 per job)."""
 MAX_GROUPS = 4096
 """More stack groups than this in one answer is refused (a job whose ranks all wait apart)."""
 RULES_PRESENT = f"training_job:{PREFIX}world_size:max"
@@ -118,6 +120,7 @@ def job_summary(
     save_work: list[tuple[str, int, str]] = []
     checkpoint: list[str] = []
     announced: list[tuple[str, int, str]] = []
+    n_named = 0  # the named series (nodes, ranks) an answer may hold, bounded whatever it holds
     for s in samples:
         labels = s.labels
         name = labels.get("__name__", "")
@@ -125,6 +128,10 @@ def job_summary(
         if labels.get(JOB_LABEL) != job or value is None:
             continue
         node = labels.get(NODE_LABEL, "")[:253]
+        if node and not name.startswith(_GROUP):
+            n_named += 1
+            if n_named > MAX_NAMED_SERIES:
+                continue
         if name.startswith(_GROUP):
             key = (
                 labels.get("where", "")[:160],
