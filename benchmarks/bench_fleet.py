@@ -44,8 +44,9 @@ from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError
 from gpu_triage.signals.fleet.remote import RemoteFacts, job_query, remote_facts
 from gpu_triage.signals.fleet.summary import job_summary, summary_query
+from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import RankStack, StackInfo, StackPhase, StackSummary
-from gpu_triage.signals.stacks.stack_facts import StackEvidenceConfig, stack_facts
+from gpu_triage.signals.stacks.stack_facts import stack_facts
 
 JOB = "master-10.0.0.1:29500"
 PER_NODE = 8
@@ -133,7 +134,7 @@ def _local_stacks(now: float, hang_at: float):
         )
         ranks[r] = RankStack(r, 1000 + r, info, now - 0.5, hang_at, 10)
     summary = StackSummary(ranks, None)
-    return stack_facts(now, summary, [(r, 0.0) for r in range(PER_NODE)], None, StackEvidenceConfig(), None)
+    return stack_facts(now, summary, [(r, 0.0) for r in range(PER_NODE)], None, StacksConfig(), None)
 
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "gpu-watchdog.rules.yml"
@@ -203,7 +204,9 @@ def _measure(nodes: int, prometheus: str, window_s: float, scrape_s: float) -> d
         )
         url = f"http://127.0.0.1:{prom_port}"
         client = PromClient(url, timeout_s=10.0, max_bytes=256 << 20)
-        cfg = FusionConfig(stale_after_s=30.0, frozen_s=FROZEN_S, fresh_s=30.0)
+        cfg = FusionConfig(
+            stale_after_s=30.0, frozen_s=FROZEN_S, fresh_s=30.0, min_samples=4, node_lost_after_s=60.0
+        )
         queries: dict[str, list[tuple[float, float, int, int]]] = {"facts": [], "rules": []}
         fuse_cpu: dict[str, list[float]] = {"facts": [], "rules": []}
         found: dict[str, float] = {}

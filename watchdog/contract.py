@@ -43,7 +43,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -244,7 +243,7 @@ class ProgressWriter:
             "local_rank": local_rank,
             "world_size": world_size,
             "pid": self._owner_pid if pid is None else pid,
-            "host": socket.gethostname() if host is None else host,
+            "host": os.uname().nodename if host is None else host,
             "step": 0,
             "epoch": 0,
             "tokens": 0,

@@ -401,9 +401,10 @@ def prometheus_seeds() -> list[bytes]:
 def run_prometheus(data: bytes, tmp: Path) -> str:
     """A Prometheus answer: parsed into samples or refused (PromError); then the other nodes' facts
     and the fusion rule on them never raise."""
-    from gpu_triage.signals.fleet.fusion import FusionConfig, fuse
+    from gpu_triage.signals.fleet.fusion import fuse
     from gpu_triage.signals.fleet.prom_client import PromError, parse_vector
     from gpu_triage.signals.fleet.remote import remote_facts
+    from gpu_triage.verdicts.settings import DetectorConfig
 
     try:
         samples = parse_vector(data)
@@ -415,11 +416,12 @@ def run_prometheus(data: bytes, tmp: Path) -> str:
     job = "master-10.0.0.1:29500"
     remote = remote_facts(job, samples, own_node="node-c", asked_at=1_700_000_001.0)
     fuse(1_700_000_001.0, own_node="node-c", world_size=6, local_ranks=[4, 5], local_stacks=None,
-         remote=remote, cfg=FusionConfig())  # fmt: skip
+         remote=remote, cfg=DetectorConfig().fusion())  # fmt: skip
     summary = job_summary(job, samples, now=1_700_000_001.0, stale_after_s=15.0)
     if summary is not None:
+        ruled = RemoteFacts(job, 1_700_000_001.0, summary=summary)
         fuse(1_700_000_001.0, own_node="node-c", world_size=None, local_ranks=[4, 5], local_stacks=None,
-             remote=RemoteFacts(job, 1_700_000_001.0, summary=summary), cfg=FusionConfig())  # fmt: skip
+             remote=ruled, cfg=DetectorConfig().fusion())  # fmt: skip
     return "result"
 
 

@@ -23,7 +23,8 @@ import pytest
 
 from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
-from gpu_triage.daemon.loop import Daemon, progress_claims
+from gpu_triage.daemon.loop import Daemon
+from gpu_triage.daemon.observe import progress_claims
 from gpu_triage.signals.processes import ProcessInspector
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.signals.ranks import ProgressClaim, judge_claim

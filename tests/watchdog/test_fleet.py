@@ -27,14 +27,15 @@ from gpu_triage.signals.fleet.facts import NodeJobFacts, RankFacts, local_facts
 from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError, parse_vector
 from gpu_triage.signals.fleet.remote import LAST_SEEN, RemoteFacts, Sample, job_query, remote_facts
+from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import StackSummary, group_key
-from gpu_triage.signals.stacks.stack_facts import StackEvidenceConfig, stack_facts
+from gpu_triage.signals.stacks.stack_facts import stack_facts
 from gpu_triage.verdicts.detector import Detector
 from gpu_triage.verdicts.settings import DetectorConfig
 from gpu_triage.verdicts.views import GpuView, JobView, RankView
 from tests.watchdog.test_stacks import ALLREDUCE, BARRIER, SAVING, WAIT_IN_SAVE, _rank
 
-CFG = FusionConfig(stale_after_s=15.0, frozen_s=20.0, fresh_s=30.0)
+CFG = FusionConfig(stale_after_s=15.0, frozen_s=20.0, fresh_s=30.0, min_samples=4, node_lost_after_s=60.0)
 REDUCE = (
     (
         "reduce_scatter_tensor",
@@ -48,7 +49,7 @@ REDUCE = (
 def _local(now: float, frames=ALLREDUCE, since: float = 0.0, ranks=(2, 3), world: int = 4):
     n = max(1, int((now - since) // 3) + 1)
     summary = StackSummary({r: _rank(r, frames, now, since, n) for r in ranks}, world)
-    return stack_facts(now, summary, [(r, 0.0) for r in ranks], world, StackEvidenceConfig(), None)
+    return stack_facts(now, summary, [(r, 0.0) for r in ranks], world, StacksConfig(), None)
 
 
 def _remote_rank(rank: int, frames, now: float, since: float = 0.0, **kw) -> RankFacts:
@@ -507,7 +508,7 @@ def test_without_steps_the_rank_that_did_not_arrive_is_named_first_whatever_the_
 def _local_frames(now: float, frames: dict[int, tuple], since: float = 0.0, world: int = 4):
     n = max(1, int((now - since) // 3) + 1)
     summary = StackSummary({r: _rank(r, f, now, since, n) for r, f in frames.items()}, world)
-    return stack_facts(now, summary, [(r, 0.0) for r in frames], world, StackEvidenceConfig(), None)
+    return stack_facts(now, summary, [(r, 0.0) for r in frames], world, StacksConfig(), None)
 
 
 def test_the_split_across_nodes_completes_and_names_the_rank_in_the_odd_phase():
@@ -880,7 +881,8 @@ def test_the_poller_reads_the_rules_aggregates_where_they_run_and_the_raw_facts_
     aggregates; without, the raw facts at once and no rules query again for a while."""
     from urllib.parse import parse_qs, urlparse
 
-    from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
+    from gpu_triage.signals.fleet.config import ClusterConfig
+    from gpu_triage.signals.fleet.poller import FleetPoller
 
     asked: list[str] = []
 
@@ -908,7 +910,7 @@ def test_the_poller_reads_the_rules_aggregates_where_they_run_and_the_raw_facts_
 
     with _server(handler) as url:
         poller = FleetPoller(
-            PollerConfig(prometheus_url=url, node="node-b", min_interval_s=1.0), clock=lambda: 100.0
+            ClusterConfig(prometheus_url=url, min_interval_s=1.0), node="node-b", clock=lambda: 100.0
         )
         try:
             assert poller.request(100.0, "job", True) and poller.wait_idle(10)

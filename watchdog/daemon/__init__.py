@@ -1,7 +1,8 @@
-"""The per-node daemon: the ``Daemon`` (``loop``) that owns all state on the main thread and runs one
-cycle at a time - observe, classify, detect, act, record, publish - composing the parts ``build`` makes
-from the aggregate ``Config`` (``config``: the file, environment and command-line overrides), with the
-observation (``observe``), recording (``record``), cycle health (``health``), reload and signal handlers
-(``reload``), the foreground line (``summary``), launch options (``runner``), the state lock and
-sd_notify. Layer 6: it may import every layer below (``serving``, ``actions``, ``journal``, ``verdicts``,
-``signals``...), and only ``demo`` and ``cli`` import it."""
+"""The per-node daemon (layer 6): :class:`~gpu_triage.daemon.loop.Daemon` runs one cycle per period and
+composes the parts that own their state - the Observer (``observe``: progress files, rank processes and
+every registered signal into job views), the Recorder (``record``: the event store and what a restart
+continues from) and the HealthBook (``health``: failed and degraded cycles) - with what ``build`` makes
+from the ``Config`` (``config``: every section composed, read from file, environment and flags).
+It may import every lower layer (``serving``, ``actions``, ``verdicts``, ``journal``, ``signals``, ...);
+only ``demo`` and ``cli`` import it. No module here imports ``loop``.
+"""

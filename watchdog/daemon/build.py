@@ -1,12 +1,12 @@
 """What the daemon is built from: the parts its :class:`~gpu_triage.daemon.loop.Daemon` constructs from
-the ``Config`` (stack sampler, NCCL RAS poller, fleet poller, detector settings, action engine, HTTP
-server, the state-directory lock) and the checks ``run`` and ``check-config`` make before a first cycle."""
+the ``Config`` (the GPU tracker, the action engine, the HTTP server, the state-directory lock) and the
+checks ``run`` and ``check-config`` make before a first cycle. The signals build themselves from their
+sections (:mod:`gpu_triage.signals.registry`)."""
 
 from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,32 +15,20 @@ from gpu_triage.classify.tracker import GpuTracker
 from gpu_triage.daemon.config import (
     Config,
     ConfigError,
-    detector_config,
     load_token,
     missing_token_note,
     token_file_absent,
 )
 from gpu_triage.daemon.state_lock import StateLock
-from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
-from gpu_triage.signals.nccl_ras.poller import RasPoller
-from gpu_triage.signals.progress import ProgressReader
-from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
-from gpu_triage.verdicts.settings import DetectorConfig
+from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.serving.control import QueuedControl
+from gpu_triage.serving.publish import SnapshotHolder
 
 if TYPE_CHECKING:
     from gpu_triage.actions.interface import Actions
-    from gpu_triage.daemon.loop import Daemon
+    from gpu_triage.serving.http_server import HttpServer
 
 log = logging.getLogger("gpu_watchdog")
-
-
-def boot_id() -> str | None:
-    """The kernel's boot id (the monotonic clock restarts with it), None where unreadable."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read(64).strip() or None
-    except OSError:
-        return None
 
 
 def check_token(config: Config) -> None:
@@ -71,58 +59,9 @@ def validate_classifier(config: Config) -> None:
         raise ConfigError([f"{config.origin}: {key}: {e}"]) from None
 
 
-def detector_settings(config: Config) -> DetectorConfig:
-    """The detector's config: ``[detector]`` with what it takes from ``[stacks]``, ``[daemon]`` and
-    ``[cluster]`` filled in."""
-    return detector_config(config)
-
-
 def make_tracker(config: Config) -> GpuTracker:
     c = config.classifier
     return GpuTracker(model=c.model, table_path=c.table, dwell_s=dict(c.dwell_s))
-
-
-def make_reader(config: Config) -> ProgressReader:
-    p = config.progress
-    return ProgressReader(p.dir, stale_after_s=p.stale_after_s, host=socket.gethostname())
-
-
-def make_fleet(config: Config, clock: Callable[[], float] = time.time) -> FleetPoller:
-    c = config.cluster
-    return FleetPoller(
-        PollerConfig(
-            prometheus_url=c.prometheus_url,
-            node=config.daemon.node,
-            min_interval_s=c.min_interval_s,
-            timeout_s=c.timeout_s,
-            max_response_bytes=c.max_response_bytes,
-            stale_after_s=c.stale_after_s,
-            job_rules=c.job_rules,
-        ),
-        clock=clock,
-    )
-
-
-def make_ras(config: Config, clock: Callable[[], float] = time.time) -> RasPoller:
-    return RasPoller(config.ras, clock=clock)
-
-
-def make_sampler(config: Config, clock: Callable[[], float] = time.time) -> StackSampler:
-    s = config.stacks
-    return StackSampler(
-        SamplerConfig(
-            enabled=s.enabled,
-            py_spy=s.py_spy,
-            nonblocking=s.nonblocking,
-            healthy_interval_s=s.healthy_interval_s,
-            blind_interval_s=s.blind_interval_s,
-            suspect_interval_s=s.suspect_interval_s,
-            timeout_s=s.timeout_s,
-            budget_cpu_s_per_min=s.budget_cpu_s_per_min,
-            max_parallel=s.max_parallel,
-        ),
-        clock=clock,
-    )
 
 
 def take_state_lock(state_dir: Path) -> StateLock | None:
@@ -144,61 +83,71 @@ def take_state_lock(state_dir: Path) -> StateLock | None:
     return lock
 
 
-def make_actions(d: Daemon, state_dir: Path) -> Actions | None:
+def make_actions(
+    config: Config, store: EventStore | None, state_dir: Path, node: str, clock: Callable[[], float]
+) -> Actions | None:
     """The action engine (alerts, kill ladder), or None without a store (its outbox and kill budget
     live there)."""
     from gpu_triage.actions.config import EngineConfig
     from gpu_triage.actions.engine import ActionEngine
     from gpu_triage.actions.ports import EnginePorts
 
-    if d.store is None:
+    if store is None:
         return None
-    c = d.config
     return ActionEngine(
         EngineConfig(
-            node=d.node,
+            node=node,
             state_dir=state_dir,
-            actions=c.actions,
-            evidence=c.evidence,
-            alerts=c.alerts,
-            ras=c.ras,
-            stacks=c.stacks,
-            generator_url=f"http://{c.daemon.listen}/status",
+            actions=config.actions,
+            evidence=config.evidence,
+            alerts=config.alerts,
+            ras=config.ras,
+            stacks=config.stacks,
+            generator_url=f"http://{config.daemon.listen}/status",
         ),
-        d.store,
-        EnginePorts(clock=d.clock),
+        store,
+        EnginePorts(clock=clock),
     )
 
 
-def start_http(d: Daemon) -> None:
-    """The REST API and /metrics on ``daemon.listen``, serving the daemon's published snapshots."""
+def start_http(
+    config: Config,
+    *,
+    snapshots: SnapshotHolder,
+    events: EventStore | None,
+    gpus: GpuTracker,
+    control: QueuedControl,
+    node: str,
+    clock: Callable[[], float],
+) -> tuple[Any, HttpServer]:
+    """The REST API and /metrics on ``daemon.listen``, serving the daemon's published snapshots: the
+    app (its token changes on reload) and the started server."""
     from gpu_triage.serving.api import create_app
     from gpu_triage.serving.http_server import HttpServer
 
-    config = d.config
     host, _, port = config.daemon.listen.rpartition(":")
     token = load_token(config)
     if token_file_absent(config):
         log.warning("%s", missing_token_note(config))
     app = create_app(
-        snapshots=d.snapshots,
-        events=d.store,
-        table=lambda: table_doc(d.gpus),
-        control=d.control,
+        snapshots=snapshots,
+        events=events,
+        table=lambda: table_doc(gpus),
+        control=control,
         token=token,
         period_s=config.daemon.period_s,
-        clock=d.clock,
+        clock=clock,
         allowed_hosts=[
             *config.daemon.allowed_hosts,
-            d.node,
+            node,
             socket.gethostname(),
             socket.getfqdn(),  # once, at start (/etc/hosts or DNS)
             host.strip("[]"),
         ],
     )
-    d._app = app
-    d.http = HttpServer(app, host.strip("[]") or "127.0.0.1", int(port))
-    d.http.start()
+    http = HttpServer(app, host.strip("[]") or "127.0.0.1", int(port))
+    http.start()
+    return app, http
 
 
 def table_doc(gpus: GpuTracker) -> dict[str, Any]:

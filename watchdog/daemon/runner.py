@@ -76,7 +76,9 @@ def raise_nofile(target: int = NOFILE_TARGET) -> tuple[int, int]:
 
 def run_daemon(options: RunOptions) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; 0 after a clean stop, 2 on bad config."""
-    from gpu_triage.daemon.loop import Daemon, install_signal_handlers, summary_line
+    from gpu_triage.daemon.loop import Daemon
+    from gpu_triage.daemon.reload import install_signal_handlers
+    from gpu_triage.daemon.summary import summary_line
     from gpu_triage.model.samples import TelemetryUnavailable
     from gpu_triage.serving.http_server import PortInUseError
     from gpu_triage.telemetry.factory import make_source

@@ -128,3 +128,5 @@ class Snapshot:
     :class:`gpu_triage.signals.fleet.facts.NodeJobFacts` values (typed there: the model layer is below it)."""
     cluster: dict[str, Any] = field(default_factory=dict)
     """The reader of other nodes' facts ([cluster]): Prometheus URL, queries, last error."""
+    signals: dict[str, Any] = field(default_factory=dict)
+    """The status of every other registered signal, by name (gpu_triage.signals.registry)."""

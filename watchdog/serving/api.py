@@ -121,6 +121,8 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
     document["stacks"] = jsonable(snapshot.stacks)
     document["cluster"] = jsonable(snapshot.cluster)
+    if snapshot.signals:
+        document["signals"] = jsonable(snapshot.signals)
     return document
 
 
@@ -130,7 +132,7 @@ def _dumps(document: Any) -> bytes:
 
 FAILING_AFTER_CYCLES = 3
 """Consecutive failed cycles after which /healthz answers 503 ``failing``."""
-DEGRADING_ERRORS = ("job", "persist", "actions", "store")
+DEGRADING_ERRORS = ("job", "persist", "actions", "store", "signal")
 """Input error kinds that make /healthz say ``degraded`` (progress-file errors are the users' own)."""
 
 
@@ -210,8 +212,8 @@ class StatusDoc(_Doc):
     )
     input_errors: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="What failed this cycle without stopping it: kind (progress_file, job, store, actions), "
-        "where, error",
+        description="What failed this cycle without stopping it: kind (progress_file, job, persist, store, "
+        "actions, signal), where, error",
     )
     failed_cycles: int = Field(0, description="Consecutive cycles that failed (this is the last good one)")
     clock_offset_s: float = Field(
@@ -231,6 +233,11 @@ class StatusDoc(_Doc):
         "queries_total, errors_total, last_error, job_rules and last_source (rules: the recording rules' "
         "aggregates, facts: every node's raw facts); per job, evidence.fleet says what they completed or "
         "vetoed, or why they are unknown (fallback: per-node judgment)",
+    )
+    signals: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The status of each further registered signal, by name (gpu_triage.signals.registry); "
+        "absent when there is none beyond stacks, nccl_ras and cluster",
     )
 
 

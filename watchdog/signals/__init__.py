@@ -1,6 +1,8 @@
-"""What the node shows about its jobs, one module or subpackage per signal: rank processes and their
-kernel proofs (``processes``), progress files (``progress``), Slurm, cgroups and pods, the flight
-recorder, py-spy stacks (``stacks/``), NCCL RAS (``nccl_ras/``) and other nodes' facts through Prometheus
-(``fleet/``). Each reads the node under a bound and returns typed facts for the detector. Layer 2: it
-imports only layers 0 and 1 (``contract``, ``model``, ``alerts``, ``recordings``), never its siblings
-``config``, ``telemetry`` and ``classify`` nor anything above."""
+"""What the node shows about its jobs (layer 2): the rank processes and their proof (``processes``,
+values in ``ranks``), the progress files (``progress``, values in ``progress_model``), Slurm,
+cgroups and Kubernetes pods, the flight recorder; and the pluggable signals behind one interface
+(``signal``: build from a config section, contribute facts to each job within the cycle, status,
+reload, close) registered by name (``registry``): ``stacks/`` (py-spy), ``nccl_ras/`` (NCCL's RAS
+service), ``fleet/`` (the other nodes' facts through Prometheus). It imports only ``model``, ``contract``
+and the layer-1 packages; the pure values here are what ``verdicts`` reads.
+"""

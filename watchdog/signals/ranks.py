@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gpu_triage.model.names import safe_job_key
 from gpu_triage.signals.cgroups import parse_cgroup_path
-from gpu_triage.signals.slurm import job_name as slurm_job_name
+from gpu_triage.signals.slurm_identity import job_name as slurm_job_name
 
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.launch")
 LAUNCHER_NAMES = ("torchrun",)

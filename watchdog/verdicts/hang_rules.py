@@ -220,7 +220,7 @@ def _second_signal(
         return str(Signal.SPIN_BAND), None
     if _ras_frozen(now, job, cfg):
         return str(Signal.NCCL_COUNTS_FROZEN), None
-    if asleep_long_enough(sf, now, cfg.stacks.evidence()):
+    if asleep_long_enough(sf, now, cfg.stacks):
         return str(Signal.RANKS_ASLEEP), None
     return None
 

@@ -40,8 +40,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpu_triage.signals.fleet.facts import SAVE_OR_EVAL, NodeJobFacts
-from gpu_triage.signals.fleet.remote import RemoteFacts
-from gpu_triage.signals.fleet.summary import JobSummary
+from gpu_triage.signals.fleet.remote import JobSummary, RemoteFacts
 from gpu_triage.signals.stacks.dumps import STEP_PHASES, group_key
 from gpu_triage.signals.stacks.stack_facts import StackFacts
 
@@ -64,15 +63,17 @@ class FleetState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class FusionConfig:
-    stale_after_s: float = 15.0
-    """A node's facts (and Prometheus's answer) older than this are unknown."""
-    frozen_s: float = 20.0
+    """Derived from the sections (``DetectorConfig.fusion()``), which hold the defaults."""
+
+    stale_after_s: float
+    """A node's facts (and Prometheus's answer) older than this are unknown ([cluster] stale_after_s)."""
+    frozen_s: float
     """A stack unchanged this long is frozen ([stacks] frozen_s)."""
-    fresh_s: float = 30.0
+    fresh_s: float
     """A stack taken longer ago than this is no fact ([stacks] fresh_s)."""
-    min_samples: int = 4
+    min_samples: int
     """This node's stacks must span this many dumps to count as frozen ([stacks] min_samples)."""
-    node_lost_after_s: float = 60.0
+    node_lost_after_s: float
     """A node of the job silent this long (since its last facts) is lost ([cluster] node_lost_after_s)."""
 
 

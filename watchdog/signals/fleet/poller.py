@@ -13,27 +13,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from gpu_triage.signals.fleet.config import ClusterConfig
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError
 from gpu_triage.signals.fleet.remote import RemoteFacts, job_query, remote_facts
 from gpu_triage.signals.fleet.summary import job_summary, summary_query
 
 log = logging.getLogger("gpu_watchdog.fleet")
-
-
-@dataclass(frozen=True, slots=True)
-class PollerConfig:
-    prometheus_url: str | None = None
-    node: str = "localhost"
-    min_interval_s: float = 5.0
-    timeout_s: float = 3.0
-    max_response_bytes: int = 32 << 20
-    stale_after_s: float = 15.0
-    job_rules: str = "auto"
-    """``auto``: the recording rules' aggregates, the raw facts where the rules do not run; ``on``:
-    the aggregates only; ``off``: the raw facts only."""
 
 
 RULES_RETRY_S = 600.0
@@ -43,12 +30,14 @@ RULES_RETRY_S = 600.0
 class FleetPoller:
     def __init__(
         self,
-        config: PollerConfig,
+        config: ClusterConfig,
         *,
+        node: str = "localhost",
         clock: Callable[[], float] = time.time,
         client: PromClient | None = None,
     ) -> None:
         self.config = config
+        self.node = node
         self.clock = clock
         self._client = client
         if self._client is None and config.prometheus_url:
@@ -141,7 +130,7 @@ class FleetPoller:
                 facts = remote_facts(
                     job,
                     result.samples,
-                    own_node=self.config.node,
+                    own_node=self.node,
                     asked_at=self.clock(),
                     query_s=result.seconds,
                     size=result.bytes,
@@ -187,7 +176,7 @@ class FleetPoller:
         with self._lock:
             return {
                 "prometheus_url": self.config.prometheus_url,
-                "node": self.config.node,
+                "node": self.node,
                 "min_interval_s": self.config.min_interval_s,
                 "queries_total": self.queries_total,
                 "errors_total": self.errors_total,
@@ -198,4 +187,4 @@ class FleetPoller:
             }
 
 
-__all__ = ["FleetPoller", "PollerConfig"]
+__all__ = ["FleetPoller"]

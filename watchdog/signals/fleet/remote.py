@@ -12,12 +12,8 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, NodeJobFacts, RankFacts
-
-if TYPE_CHECKING:
-    from gpu_triage.signals.fleet.summary import JobSummary
 
 MAX_RANK = 1 << 20
 """A rank label above this is refused (no job has a million ranks)."""
@@ -51,6 +47,46 @@ def job_query(job: str) -> str:
         f"(max_over_time({PREFIX}facts_timestamp_seconds{{{sel}}}[{LOOKBACK_S}s]))"
     )
     return f'{{__name__=~"{PREFIX}.+",{sel}}} or label_replace({last}, "__name__", "{LAST_SEEN}", "", "")'
+
+
+@dataclass(frozen=True, slots=True)
+class StackGroup:
+    """Ranks whose stacks wait at the same place, across the world."""
+
+    where: str
+    phase: str
+    collective: bool
+    count: int
+    frozen_min_s: float
+    """The least time any of them has been unchanged (as each node last sampled it)."""
+    since_max: float | None
+    sampled_min: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """What the rules say about one job's whole world (this node's ranks included)."""
+
+    nodes: int
+    world_size: int | None
+    oldest_facts: float | None
+    ranks_reported: int
+    rank_reports: int
+    groups: tuple[StackGroup, ...]
+    odd: tuple[tuple[str, int], ...]
+    silent: tuple[tuple[str, float], ...]
+    """(node, its last facts) of the nodes of the job silent past ``stale_after_s``."""
+    writing: tuple[str, ...]
+    reading: tuple[str, ...]
+    save_work: tuple[tuple[str, int, str], ...]
+    """(node, rank, phase) of ranks inside a save or an eval in no collective."""
+    checkpoint_nodes: tuple[str, ...]
+    announced: tuple[tuple[str, int, str], ...]
+    """(node, rank, phase) of ranks that announced a save or an eval (progress files)."""
+    train_ranks: int = 0
+    spinning_ranks: int = 0
+    spin_since_max: float | None = None
+    active_since_max: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,4 +234,13 @@ def remote_facts(
     )
 
 
-__all__ = ["LAST_SEEN", "LOOKBACK_S", "RemoteFacts", "Sample", "job_query", "remote_facts"]
+__all__ = [
+    "LAST_SEEN",
+    "LOOKBACK_S",
+    "JobSummary",
+    "RemoteFacts",
+    "Sample",
+    "StackGroup",
+    "job_query",
+    "remote_facts",
+]

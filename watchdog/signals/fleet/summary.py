@@ -24,10 +24,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX
-from gpu_triage.signals.fleet.remote import MAX_RANK, Sample
+from gpu_triage.signals.fleet.remote import MAX_RANK, JobSummary, Sample, StackGroup
 
 MAX_NAMED = 16
 """Silent nodes, odd ranks and signs of a save read per answer (the rest are counted, not named)."""
@@ -52,46 +51,6 @@ def summary_query(job: str) -> str:
     same place - never one per node or per rank (the rules record what is named, a few each)."""
     names = f'__name__=~"training_job(_[a-z_]+)?:{PREFIX}.+",__name__!="{LAST_FACTS}"'
     return f"{{{names},{JOB_LABEL}={json.dumps(job)}}}"
-
-
-@dataclass(frozen=True, slots=True)
-class StackGroup:
-    """Ranks whose stacks wait at the same place, across the world."""
-
-    where: str
-    phase: str
-    collective: bool
-    count: int
-    frozen_min_s: float
-    """The least time any of them has been unchanged (as each node last sampled it)."""
-    since_max: float | None
-    sampled_min: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobSummary:
-    """What the rules say about one job's whole world (this node's ranks included)."""
-
-    nodes: int
-    world_size: int | None
-    oldest_facts: float | None
-    ranks_reported: int
-    rank_reports: int
-    groups: tuple[StackGroup, ...]
-    odd: tuple[tuple[str, int], ...]
-    silent: tuple[tuple[str, float], ...]
-    """(node, its last facts) of the nodes of the job silent past ``stale_after_s``."""
-    writing: tuple[str, ...]
-    reading: tuple[str, ...]
-    save_work: tuple[tuple[str, int, str], ...]
-    """(node, rank, phase) of ranks inside a save or an eval in no collective."""
-    checkpoint_nodes: tuple[str, ...]
-    announced: tuple[tuple[str, int, str], ...]
-    """(node, rank, phase) of ranks that announced a save or an eval (progress files)."""
-    train_ranks: int = 0
-    spinning_ranks: int = 0
-    spin_since_max: float | None = None
-    active_since_max: float | None = None
 
 
 def _num(s: Sample) -> float | None:

@@ -1,5 +1,5 @@
-"""The py-spy stack signal: dumping each rank's stacks under a deadline and parsing them (``dumps``),
-sampling them over time without blocking the loop (``sampler``), turning a job's stacks into detector
-facts and findings (``stack_facts``: frozen in collectives, the odd ranks - the K6 evidence) and the
-``[stacks]`` section (``config``). Part of ``signals`` (layer 2): it imports ``model`` and the lower
-layers only."""
+"""Python stacks as evidence: ``config`` (``[stacks]``: the sampler's schedule and budget, and what
+the detector makes of the dumps), ``sampler`` (py-spy off the cycle thread, under a CPU budget),
+``dumps`` (parsing a dump, where a rank is: pure), ``stack_facts`` (a job's stack facts and findings:
+pure), ``signal`` (the registered signal). Imports ``model`` only, besides itself.
+"""
