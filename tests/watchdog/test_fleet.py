@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from gpu_triage.cli.cluster_prometheus import analyse, exit_code, render
 from gpu_triage.model.findings import Signal
+from gpu_triage.model.health import Blame
 from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.signals.fleet.exposition import fleet_metrics
@@ -628,6 +629,7 @@ def test_a_node_lost_while_every_rank_here_waits_in_a_collective_is_kill_worthy_
     assert hung, [(s.verdict, s.cause) for s in out[-3:]]
     first = hung[0]
     assert first.cause == "node node-a lost" and first.verdict is Verdict.DEADLOCK_SUSPECTED
+    assert first.blame is Blame.NODE  # drain the node: the job's code is not at fault
     ev = first.evidence_dict()
     EvidenceDoc.model_validate(ev)
     assert str(Signal.NODE_LOST) in ev["signals"] and ev["fleet"]["state"] == "node_lost"

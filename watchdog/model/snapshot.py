@@ -11,6 +11,7 @@ from typing import Any
 
 from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.findings import Finding
+from gpu_triage.model.health import Blame
 from gpu_triage.model.states import GpuState, Mode, Verdict
 
 
@@ -75,6 +76,9 @@ class JobStatus:
     """Every signal's statement this cycle (stored here only; the evidence's JSON lists them)."""
     detector_error: str | None = None
     """Why the detector could not judge the job this cycle (its verdict is the last one kept)."""
+    blame: Blame | None = None
+    """Whom the verdict blames (:class:`~gpu_triage.model.health.Blame`): ``node`` for a node of the
+    job lost (cause ``node <name> lost``); None where nothing says."""
 
     def evidence_dict(self) -> dict[str, Any]:
         """The evidence as JSON (REST ``/status``, alerts, logs, the event store): keys in
