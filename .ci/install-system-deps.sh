@@ -2,7 +2,10 @@
 # Debian packages the integration tests need: prometheus (promtool and the server),
 # prometheus-alertmanager (amtool and the server, installed as /usr/bin/prometheus-alertmanager), systemd,
 # and a one-node Slurm cluster (tests/integration/test_slurm.py): slurmctld, slurmd, slurm-client (sbatch,
-# squeue, scancel, sacct, scontrol), slurmdbd and mariadb-server (sacct needs accounting storage), munge.
+# squeue, scancel, sacct, scontrol), slurmdbd and mariadb-server (sacct needs accounting storage), munge;
+# kubectl (`kubectl kustomize` renders deploy/kubernetes: tests/test_kubernetes_manifests.py; the machine
+# image already ships one, Debian's kubernetes-client otherwise) and unshare (util-linux: the PID
+# namespace of every test that runs an armed daemon, tests/isolation.py).
 #
 # Idempotent: packages already installed are skipped; `apt-get update` runs at most once per call and
 # only when something is missing. Runs as root, or through sudo when it is available.
@@ -23,6 +26,8 @@ PACKAGES=(
   "slurmdbd:slurmdbd"
   "munge:munged"
   "mariadb-server:mariadbd"
+  "kubernetes-client:kubectl"
+  "util-linux:unshare"
 )
 
 missing=()

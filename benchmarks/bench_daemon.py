@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -36,7 +35,9 @@ CPU_GOAL = 0.005  # dcgm-exporter's order
 CPU_BASELINE_PERCENT = 3.0
 
 CHILD = r"""
-import sys, time
+import os, signal, sys, time
+from pathlib import Path
+from gpu_triage.demo import simjob
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.daemon.reload import install_signal_handlers
@@ -44,13 +45,16 @@ from gpu_triage.telemetry.sim import SimSource
 port, state, progress, start = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 config = override(load_config(None, {}), {"daemon.listen": f"127.0.0.1:{port}", "daemon.state_dir": state,
                   "daemon.period_s": 0.1, "progress.dir": progress}, origin="bench")
-daemon = Daemon(config, SimSource("reference-b300", gpus=int(sys.argv[5]), start_s=start))
+job = simjob.start(Path(progress), start, ranks=int(sys.argv[6]), world_size=int(sys.argv[6]))
+source = SimSource("reference-b300", gpus=int(sys.argv[5]), start_s=start, job_session=job.pid)
+daemon = Daemon(config, source)
 daemon.start()
 install_signal_handlers(daemon)
 try:
     daemon.run_forever()
 finally:
     daemon.close()
+    os.killpg(job.pid, signal.SIGKILL)
 """
 
 
@@ -74,6 +78,7 @@ def _hwm_mb(pid: int) -> float:
 
 def run(quick: bool = False) -> None:
     from benchmarks.bench_stacks import _find_daemon, isolated  # it imports this module
+    from tests.isolation import pid_namespace_prefix
 
     window_s = 20.0 if quick else 60.0
     load_s = 5.0 if quick else 15.0
@@ -86,20 +91,12 @@ def run(quick: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuwd-bench-") as tmp:
         state, progress = Path(tmp) / "state", Path(tmp) / "progress"
         start = time.time() + 1.0
-        job_cmd = [sys.executable, "-m", "gpu_triage.demo.simjob", "--progress-dir", str(progress),
-                   "--start-epoch", str(start), "--ranks", str(RANKS),
-                   "--world-size", str(RANKS)]  # fmt: skip
         daemon_cmd = [sys.executable, "-c", CHILD, str(port), str(state), str(progress), str(start),
-                      str(GPUS)]  # fmt: skip
-        if isolated():
-            # the daemon and its job in their own PID namespace (as bench_stacks): on a shared machine
-            # the daemon would otherwise discover, judge and py-spy every other job too
-            inner = f"{shlex.join(job_cmd)} & {shlex.join(daemon_cmd)} & wait"
-            ns = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", inner],
-                                  start_new_session=True)  # fmt: skip
-            groups = [ns]
-        else:
-            groups = [subprocess.Popen(c, start_new_session=True) for c in (job_cmd, daemon_cmd)]
+                      str(GPUS), str(RANKS)]  # fmt: skip
+        prefix = pid_namespace_prefix()
+        # the daemon judges its simulated job only (the job's session); in a PID namespace of its own
+        # where one can be made, it does not even see the machine's other processes
+        groups = [subprocess.Popen([*(prefix or []), *daemon_cmd], start_new_session=True)]
         try:
             deadline = time.monotonic() + 60
             while True:
@@ -143,7 +140,7 @@ def run(quick: bool = False) -> None:
                 "jobs the daemon saw",
                 float(jobs_seen),
                 "jobs",
-                budget="1 (own PID namespace)" if isolated() else "1 (not isolated: needs root and unshare)",
+                budget="1 (its simulated job only)",
             )
             line(
                 "missed cycles while idle",

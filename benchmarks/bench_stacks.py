@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,13 +31,16 @@ import psutil
 from benchmarks.bench_daemon import _free_port
 from benchmarks.common import header, line
 from gpu_triage.signals.stacks.sampler import find_py_spy, run_py_spy
+from tests.isolation import pid_namespace_prefix
 
 GPUS = 16
 RANKS = 16
 EXTRA_BUDGET = 0.01
 
 CHILD = r"""
-import sys, time
+import os, signal, sys, time
+from pathlib import Path
+from gpu_triage.demo import simjob
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.daemon.reload import install_signal_handlers
@@ -48,13 +49,16 @@ port, state, progress, start, gpus, stacks, scenario = sys.argv[1:8]
 config = override(load_config(None, {}), {"daemon.listen": f"127.0.0.1:{port}", "daemon.state_dir": state,
                   "daemon.period_s": 0.1, "progress.dir": progress, "stacks.enabled": stacks == "on"},
                   origin="bench")
-daemon = Daemon(config, SimSource(scenario, gpus=int(gpus), start_s=float(start)))
+job = simjob.start(Path(progress), float(start), ranks=int(sys.argv[8]), world_size=int(sys.argv[8]),
+                   scenario=scenario)
+daemon = Daemon(config, SimSource(scenario, gpus=int(gpus), start_s=float(start), job_session=job.pid))
 daemon.start()
 install_signal_handlers(daemon)
 try:
     daemon.run_forever()
 finally:
     daemon.close()
+    os.killpg(job.pid, signal.SIGKILL)
 """
 
 RANK = r"""
@@ -97,7 +101,7 @@ def healthy_scenario(tmp: Path) -> Path:
 
 
 def isolated() -> bool:
-    return os.geteuid() == 0 and shutil.which("unshare") is not None
+    return pid_namespace_prefix() is not None
 
 
 def _find_daemon(groups: list[subprocess.Popen]) -> psutil.Process:
@@ -120,20 +124,12 @@ def _daemon_share(stacks: str, window_s: float, scenario: str, into_s: float = 0
     with tempfile.TemporaryDirectory(prefix="gpuwd-bench-stacks-") as tmp:
         state, progress = Path(tmp) / "state", Path(tmp) / "progress"
         start = time.time() + 1.0 - into_s
-        job_cmd = [sys.executable, "-m", "gpu_triage.demo.simjob", "--progress-dir", str(progress),
-                   "--start-epoch", str(start), "--ranks", str(RANKS), "--world-size", str(RANKS),
-                   "--scenario", scenario]  # fmt: skip
         daemon_cmd = [sys.executable, "-c", CHILD, str(port), str(state), str(progress), str(start),
-                      str(GPUS), stacks, scenario]  # fmt: skip
-        if isolated():
-            # the daemon and the job in their own PID namespace: the daemon sees this job only, not
-            # the other jobs of a shared machine
-            inner = f"{shlex.join(job_cmd)} & {shlex.join(daemon_cmd)} & wait"
-            ns = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", inner],
-                                  start_new_session=True)  # fmt: skip
-            groups = [ns]
-        else:
-            groups = [subprocess.Popen(c, start_new_session=True) for c in (job_cmd, daemon_cmd)]
+                      str(GPUS), stacks, scenario, str(RANKS)]  # fmt: skip
+        prefix = pid_namespace_prefix()
+        # the daemon judges (and py-spies) its simulated job only; in a PID namespace of its own where
+        # one can be made, it does not even see the machine's other processes
+        groups = [subprocess.Popen([*(prefix or []), *daemon_cmd], start_new_session=True)]
         try:
             deadline = time.monotonic() + 60
             while True:

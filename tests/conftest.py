@@ -2,7 +2,8 @@
 
 A test that needs an outside binary (promtool, py-spy, systemd-analyze...) calls :func:`require_binary`:
 run by hand it skips with the reason; under CI (``CI=true``) a missing binary is a failure, because
-``.ci/run`` is supposed to have installed it.
+``.ci/run`` is supposed to have installed it. A test that runs an armed daemon is marked
+``@pytest.mark.isolated`` and runs in a PID namespace of its own (:mod:`tests.isolation`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.isolation import pytest_runtest_logreport, pytest_runtest_protocol  # noqa: F401 (hooks)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO, require_binary
 
-pytestmark = [pytest.mark.slow, pytest.mark.trainer, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.trainer, pytest.mark.timeout(900), pytest.mark.isolated]
 
 
 def test_make_demo_catches_and_kills_the_real_deadlock(tmp_path: Path) -> None:

@@ -96,6 +96,7 @@ def _health_check(cluster: SlurmCluster, url: str, *extra: str) -> subprocess.Co
     )  # fmt: skip
 
 
+@pytest.mark.isolated  # an armed daemon: a PID namespace of its own (tests/isolation.py)
 def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_keeps_running(monkeypatch):
     _require_cluster_parts()
     user = JOB_USER

@@ -16,6 +16,7 @@ import contextlib
 import grp
 import os
 import pwd
+import secrets
 import signal
 import socket
 import subprocess
@@ -35,11 +36,15 @@ from tests.conftest import in_ci
 from tests.spawned import wait_for_exec
 from tests.watchdog.engines import build_engine
 
-GROUP = "wd18train"
-USERS = ("wd18alice", "wd18bob")
-A_JOB = f"ajob{os.getpid()}"
-"""User A's job name: unique per test process (the inspector sees every process on the machine, and a
-concurrent run's processes of the same user and job name would be the same job)."""
+_RUN = secrets.token_hex(3)
+GROUP = f"wd18t{_RUN}"
+USERS = (f"wd18a{_RUN}", f"wd18b{_RUN}")
+"""Users and group of this test process alone: a concurrent run (another checkout, on the same
+machine) makes its own and removes them when done, never ours. Not the pid: in a PID namespace of
+its own every run is pid 1."""
+A_JOB = f"ajob{_RUN}"
+"""User A's job name: unique per test process (a concurrent run's processes of the same user and job
+name would be the same job)."""
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ def test_forged_progress_file_never_makes_a_bystander_a_kill_target() -> None:
     assert outcome.reported
 
 
+@pytest.mark.isolated  # an armed daemon: a PID namespace of its own (tests/isolation.py)
 @pytest.mark.slow
 def test_armed_daemon_kills_the_job_and_spares_the_process_a_forged_file_names(
     tmp_path: Path, reaper: list[subprocess.Popen]

@@ -69,6 +69,7 @@ def test_the_timeline_reports_a_step_and_moves_nothing() -> None:
     assert line.from_wall(clock.wall() - 5.0) == pytest.approx(line.now() - 5.0)
 
 
+@pytest.mark.isolated  # an armed daemon: a PID namespace of its own (tests/isolation.py)
 @pytest.mark.slow
 def test_a_wall_clock_step_moves_no_verdict_lease_ladder_step_or_silence(tmp_path: Path) -> None:
     clock = SteppedClock()

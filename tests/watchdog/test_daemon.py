@@ -62,7 +62,12 @@ def stop(proc: subprocess.Popen, timeout_s: float = 15) -> int:
 @pytest.mark.slow
 def test_make_run_serves_8_b300_and_reports_the_epoch_end_deadlock(tmp_path: Path):
     """`make run`'s path (demo-run): health 200, 8 simulated B300 GPUs, and deadlock_suspected for the
-    simulated job once the scenario reaches the epoch-end deadlock (started 100 s into its timeline)."""
+    simulated job once the scenario reaches the epoch-end deadlock (started 100 s into its timeline).
+    Beside it, processes of other runs carrying a rank environment (one even the demo job's name) are
+    never listed: the demo judges its simulated job only (issue 28)."""
+    from tests.corpus.live import spawn_rank
+
+    strangers = [spawn_rank(0, 2, "another-run"), spawn_rank(3, 16, "qwen3-32b-ft")]
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -104,6 +109,10 @@ def test_make_run_serves_8_b300_and_reports_the_epoch_end_deadlock(tmp_path: Pat
 
         job = wait_for(suspected, 90, "deadlock_suspected")
         assert len(job["ranks"]) == 8
+        listed = httpx.get(f"{base}/status", timeout=2).json()["jobs"]
+        assert [j["job"] for j in listed] == ["qwen3-32b-ft"], listed
+        stranger_pids = {p.pid for p in strangers}
+        assert not stranger_pids & {r.get("pid") for j in listed for r in j["ranks"]}, listed
         gpus = httpx.get(f"{base}/gpus", timeout=2).json()
         assert {g["state"] for g in gpus} == {"checkpoint_or_deadlock"}
         events = httpx.get(f"{base}/events?since=0&limit=1000", timeout=2).json()["events"]
@@ -119,6 +128,9 @@ def test_make_run_serves_8_b300_and_reports_the_epoch_end_deadlock(tmp_path: Pat
     finally:
         code = stop(proc)
         out = proc.stdout.read()
+        for p in strangers:
+            p.kill()
+            p.wait()
     assert code == 0, out[-3000:]
     assert "SIMULATION" in out and f"curl -s 127.0.0.1:{port}/status" in out
     assert "deadlock_suspected" in out  # the one-line summary printed it
@@ -142,6 +154,7 @@ def write_config(path: Path, state: Path, progress: Path, port: int, mode: str =
 
 
 @pytest.mark.slow
+@pytest.mark.isolated  # armed (alert) after the reload: a PID namespace of its own (tests/isolation.py)
 def test_run_replays_a_recording_reloads_on_sighup_and_stops_on_sigterm(tmp_path: Path):
     from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
     from gpu_triage.telemetry.sim import Scenario

@@ -1,7 +1,10 @@
 """Issue 4's must-show through the real daemon: the reference scenario's epoch-end deadlock with a
 simulated job of real rank processes produces, in order, an evidence bundle, an Alertmanager v2 alert
 received by a real HTTP receiver, then - only when armed - SIGTERM (and SIGKILL if needed) of exactly
-the job's processes; an unrelated process survives; once the job is gone the alert resolves."""
+the job's processes; an unrelated process survives; once the job is gone the alert resolves.
+
+Every test here runs an armed daemon: each runs in a PID namespace of its own (tests/isolation.py), so
+it never sees - let alone signals - another run's ranks or ``make run``'s simulated job."""
 
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from gpu_triage.daemon.loop import Daemon
 from gpu_triage.demo import simjob
 from gpu_triage.journal.logs import LOGGER_NAME
 from gpu_triage.telemetry.sim import SimSource
+
+pytestmark = pytest.mark.isolated
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -89,7 +94,7 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
         kind="alertmanager", name="am", url=f"http://127.0.0.1:{server.server_port}", timeout_s=2.0
     )
     config = replace(config, alerts=replace(config.alerts, sinks=(sink,), retry_initial_s=0.2))
-    daemon = Daemon(config, SimSource("reference-b300", start_s=start))
+    daemon = Daemon(config, SimSource("reference-b300", start_s=start, job_session=job.pid))
     daemon.start()
     loop = threading.Thread(target=daemon.run_forever, daemon=True)
     loop.start()

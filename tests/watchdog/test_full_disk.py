@@ -74,6 +74,7 @@ def full_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
 
 
+@pytest.mark.isolated  # an armed daemon: a PID namespace of its own (tests/isolation.py)
 @pytest.mark.slow
 def test_full_disk_at_start_still_alerts_and_the_store_reattaches_when_space_is_freed(
     tmp_path: Path, full_disk: Path

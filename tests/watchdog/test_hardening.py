@@ -246,6 +246,7 @@ def test_item2_store_falls_back_to_memory_then_reattaches_with_everything(tmp_pa
     store.close()
 
 
+@pytest.mark.isolated  # an armed daemon: a PID namespace of its own (tests/isolation.py)
 def test_item2_daemon_without_a_writable_store_still_has_an_action_engine(tmp_path: Path) -> None:
     # the state directory is there (an uncreatable one exits 2: test_daemon.py) but its database
     # cannot be opened - as on a disk that filled up: the store runs on memory

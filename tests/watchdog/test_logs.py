@@ -185,7 +185,13 @@ def test_run_in_observe_mode_logs_the_verdict_as_json(tmp_path: Path) -> None:
         f'period_s = 0.2\nlog_format = "json"\nsource = "sim"\n[progress]\ndir = "{progress}"\n'
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_triage", "run", "--config", str(config), "--sim-start", str(start)],
+        [
+            *(sys.executable, "-m", "gpu_triage", "run", "--config", str(config)),
+            "--sim-start",
+            str(start),
+            "--sim-job",
+            str(job.pid),
+        ],
         cwd=REPO,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,

@@ -44,7 +44,7 @@ def _events(state: Path) -> list[dict]:
     return out
 
 
-def _daemon(config: Path, state: Path, start: float, log: Path) -> subprocess.Popen:
+def _daemon(config: Path, state: Path, start: float, log: Path, job: subprocess.Popen) -> subprocess.Popen:
     return subprocess.Popen(
         [
             *GPU_WATCHDOG,
@@ -55,6 +55,8 @@ def _daemon(config: Path, state: Path, start: float, log: Path) -> subprocess.Po
             "sim",
             "--sim-start",
             str(start),
+            "--sim-job",
+            str(job.pid),
             "--state-dir",
             str(state),
             "--listen",
@@ -136,14 +138,14 @@ def _restart_when(tmp_path: Path, what: str, ready, *, sigkill_grace_s: float, i
     config, state, log, start, job = _setup(
         tmp_path, sigkill_grace_s=sigkill_grace_s, ignore_sigterm=ignore_sigterm
     )
-    first = _daemon(config, state, start, log)
+    first = _daemon(config, state, start, log, job)
     second: subprocess.Popen | None = None
     try:
         _wait(what, lambda: ready(state), 120, log)
         _stop(first)
         assert job.poll() is None
         time.sleep(5.0)  # the flusher rewrites every rank file (new `time`) while no daemon watches
-        second = _daemon(config, state, start, log)
+        second = _daemon(config, state, start, log, job)
         _wait("the job to be killed", lambda: job.poll() is not None, 90, log, fatal=False)
         time.sleep(2.0)
     finally:

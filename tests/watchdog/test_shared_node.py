@@ -28,7 +28,7 @@ from tests.watchdog.shared_node import (
     two_users,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]  # armed daemons: own PID namespaces
 SLURM_JOB = f"slurm-{os.getpid()}"
 B_JOB = f"bjob{os.getpid()}"
 

@@ -239,6 +239,14 @@ def _add_daemon_parsers(sub: Subparsers[argparse.ArgumentParser]) -> None:
         help="start in this mode (kill needs it here or in the config: the daemon never arms itself)",
     )
     r.add_argument("--sim-start", type=float, metavar="EPOCH", help=argparse.SUPPRESS)
+    r.add_argument(
+        "--sim-job",
+        type=int,
+        metavar="PID",
+        help="with --source sim: the simulated job's launcher (a session leader, e.g. "
+        "'setsid python -m gpu_triage.demo.simjob ...'); the daemon judges that session's processes "
+        "and no other process of the machine (without it: no process at all)",
+    )
     r.add_argument("--summary", action="store_true", help="print a one-line state summary every second")
     r.set_defaults(func=cmd_run)
 

@@ -45,7 +45,7 @@ from gpu_triage.daemon.config import (
     token_file_absent,
 )
 from gpu_triage.daemon.health import CycleStats, HealthBook
-from gpu_triage.daemon.observe import Observer
+from gpu_triage.daemon.observe import Observer, process_scope
 from gpu_triage.daemon.record import Recorder
 from gpu_triage.daemon.reload import reread
 from gpu_triage.daemon.sdnotify import SdNotifier
@@ -106,7 +106,9 @@ class Daemon:
         self.started_at = self.clock()
         self.gpus = make_tracker(config)
         self.detector = Detector(detector_config(config))
-        self.observer = Observer(config, self.gpus, SignalEnv(self.node, self.clock))
+        # On a simulated source the daemon judges only the simulated job's processes (ValueError
+        # when its job_session leads no session).
+        self.observer = Observer(config, self.gpus, SignalEnv(self.node, self.clock), process_scope(source))
         self.recorder = Recorder(self.timeline)
         self.health = HealthBook()
         self.app: Any = None
@@ -181,7 +183,9 @@ class Daemon:
         if self.recorder.restore_timeline():
             self.started_at = self.clock()
         self.recorder.restore_silences(self.control.silences)
-        self.recorder.restore_episodes(self.observer.progress.tracker, self.detector)
+        self.recorder.restore_episodes(
+            self.observer.progress.tracker, self.detector, scope=self.observer.inspector.scope
+        )
         if self.actions is None:
             self.actions = make_actions(self.config, self.store, state_dir, self.node, self.clock)
         if self.serve_http:

@@ -20,12 +20,12 @@ from typing import Any, cast
 from gpu_triage.classify.tracker import GpuTracker
 from gpu_triage.daemon.config import Config
 from gpu_triage.model.names import printable
-from gpu_triage.model.samples import GpuSample
+from gpu_triage.model.samples import GpuSample, TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import ENDED_VERDICTS, Verdict
 from gpu_triage.signals.fleet.facts import NodeJobFacts, local_facts, spin_since_by_gpu
 from gpu_triage.signals.pods import PodResolver
-from gpu_triage.signals.processes import ProcessInspector, ProcessView
+from gpu_triage.signals.processes import ProcessInspector, ProcessView, SessionScope
 from gpu_triage.signals.progress import ProgressReader, ProgressView
 from gpu_triage.signals.ranks import ProgressClaim, RankProcess
 from gpu_triage.signals.registry import signal_kinds
@@ -138,12 +138,27 @@ class SignalSet:
                 log.exception("closing signal %s", kind.name)
 
 
+def process_scope(source: TelemetrySource) -> SessionScope | None:
+    """The processes the daemon may judge: every process of the node (None), except on a simulated
+    source, whose GPUs host only its simulated job - the session its ``job_session`` names, checked
+    now by the kernel (no job attached: no process at all). Raises ValueError when that pid leads no
+    session."""
+    if source.name != "sim":
+        return None
+    session = getattr(source, "job_session", None)
+    return SessionScope.nothing() if session is None else SessionScope.of_leader(int(session))
+
+
 class Observer:
     """Reads the jobs each process period; keeps what it saw last for the snapshot."""
 
-    def __init__(self, config: Config, gpus: GpuTracker, env: SignalEnv) -> None:
+    def __init__(
+        self, config: Config, gpus: GpuTracker, env: SignalEnv, scope: SessionScope | None = None
+    ) -> None:
+        """``scope``: judge only the processes it holds (a simulated source's job: :func:`process_scope`);
+        None: every process of the node."""
         self.progress = make_reader(config)
-        self.inspector = ProcessInspector()
+        self.inspector = ProcessInspector(scope=scope)
         self.pods = PodResolver()
         """The Kubernetes pod of each rank (gpu_triage.signals.pods); none outside one."""
         self.signals = SignalSet(config, env)
@@ -202,7 +217,12 @@ class Observer:
             if any(r.alive and r.proof for r in ranks)
         )
         untrusted_files = [u.to_dict() for u in view.untrusted]
-        jobs = job_views(view.jobs, pview.jobs, untrusted=pview.untrusted, untrusted_files=untrusted_files)
+        progress_jobs = view.jobs
+        if self.inspector.scope is not None:  # a simulation judges its own job only, not any file's job
+            progress_jobs = {name: jp for name, jp in view.jobs.items() if name in pview.jobs}
+        jobs = job_views(
+            progress_jobs, pview.jobs, untrusted=pview.untrusted, untrusted_files=untrusted_files
+        )
         self.untrusted = tuple([*untrusted_files, *(u.to_dict() for u in pview.untrusted)])
         jobs = self._with_signals(now, jobs, verdicts)
         if signalled is not None:  # ranks the kill ladder signalled read `killed`, never a new stall

@@ -22,6 +22,7 @@ from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.names import printable
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import Verdict
+from gpu_triage.signals.processes import SessionScope
 
 log = logging.getLogger("gpu_watchdog")
 
@@ -195,14 +196,16 @@ class Recorder:
         self.persist_timeline()
 
     # -- episodes in progress -------------------------------------------------------------------------
-    def restore_episodes(self, marks: Memory, detector: Memory) -> None:
+    def restore_episodes(self, marks: Memory, detector: Memory, *, scope: SessionScope | None = None) -> None:
         """Episodes survive a restart: what the previous daemon of this boot saw of each job (step marks
         of the progress files, the detector's verdicts, onsets and hang clocks) seeds this one, so a
-        hang in progress is neither re-dated nor seen again as a new episode."""
+        hang in progress is neither re-dated nor seen again as a new episode. With a ``scope`` (a
+        simulation: its own job only), only the jobs of ranks it holds now (:func:`in_scope`)."""
         if self.store is None:
             return
         boot = self.boot_id
         restored = []
+        scoped_jobs: set[str] = set()
         targets: tuple[tuple[str, Any], ...] = ((PROGRESS_KEY, marks), (DETECTOR_KEY, detector))
         for key, target in targets:
             saved = self.store.kv_get(key, None)
@@ -211,7 +214,10 @@ class Recorder:
             at = saved.get("saved_at")
             if not isinstance(at, (int, float)) or not 0 <= self.clock() - at <= EPISODE_STATE_MAX_AGE_S:
                 continue
-            n = target.restore(saved.get("value"))
+            value = saved.get("value")
+            if scope is not None:
+                value, scoped_jobs = in_scope(scope, key, value, scoped_jobs)
+            n = target.restore(value)
             if n:
                 restored.append(f"{key}={n}")
         if restored:
@@ -266,3 +272,19 @@ class Recorder:
             self._silences_saved = book.version
         except StoreError as e:  # a full disk: keep them in memory and try again next cycle
             log.warning("could not persist silences: %s", e)
+
+
+def in_scope(scope: SessionScope, key: str, value: Any, jobs: set[str]) -> tuple[Any, set[str]]:
+    """What a daemon with a process scope (a simulation: its own job only) takes from the saved
+    state: the step marks of ranks whose pid is in its scope now, and the detector's memory of the
+    jobs those marks belong to (the marks come first). Every other job stays behind."""
+    if key == PROGRESS_KEY:
+        kept = [
+            e
+            for e in (value if isinstance(value, list) else ())
+            if isinstance(e, dict) and isinstance(e.get("pid"), int) and scope.holds_pid(e["pid"])
+        ]
+        return kept, {str(e.get("job")) for e in kept}
+    if isinstance(value, dict):
+        return {job: e for job, e in value.items() if job in jobs}, jobs
+    return None, jobs

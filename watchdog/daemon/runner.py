@@ -33,6 +33,9 @@ class RunOptions:
     """Print a one-line state summary every second."""
     sim_start_s: float | None = None
     """Epoch second at which a ``sim`` source's scenario starts (the demo starts it mid-timeline)."""
+    sim_job: int | None = None
+    """A ``sim`` source's simulated job: its launcher's pid, a session leader. The daemon judges that
+    session's processes and no other process of the machine (None: no process at all)."""
 
     def overrides(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -103,6 +106,14 @@ def run_daemon(options: RunOptions) -> int:
         return 2
     if options.sim_start_s is not None and hasattr(source, "start_s"):
         source.start_s = options.sim_start_s
+    if options.sim_job is not None:
+        if not hasattr(source, "job_session"):
+            print(
+                f"gpu-watchdog run: --sim-job needs a simulated source, not {source.name!r}", file=sys.stderr
+            )
+            source.close()
+            return 2
+        source.job_session = options.sim_job
     last_print = [0.0]
 
     def print_summary(snap: Snapshot) -> None:
@@ -110,13 +121,18 @@ def run_daemon(options: RunOptions) -> int:
             last_print[0] = snap.time
             print(summary_line(snap), flush=True)
 
-    daemon = Daemon(
-        config,
-        source,
-        config_path=path,
-        on_cycle=print_summary if options.summary else None,
-        overrides=flags,
-    )
+    try:
+        daemon = Daemon(
+            config,
+            source,
+            config_path=path,
+            on_cycle=print_summary if options.summary else None,
+            overrides=flags,
+        )
+    except ValueError as e:  # the simulated job's session (process_scope)
+        print(f"gpu-watchdog run: {e}", file=sys.stderr)
+        source.close()
+        return 2
     try:
         daemon.start()
     except PortInUseError as e:

@@ -3,8 +3,9 @@
 Where an NVIDIA driver answers, the daemon watches the real GPUs (``--source nvml``). Elsewhere it says
 so and runs the built-in simulation instead: one node of the reference job (8 B300 at 10 Hz, training,
 a checkpoint save, a short data stall, then the epoch-end deadlock, looping every ~10 minutes), with a
-simulated job of 8 real rank processes writing real progress files. State lives in ``./state``
-(git-ignored).
+simulated job of 8 real rank processes writing real progress files - the only processes the daemon
+judges then (the simulated job's session: other jobs and test runs on the machine are none of its
+business). State lives in ``./state`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def main(*, state_dir: str, port: int, sim_skip_s: float = 0.0) -> int:
         for stale in progress.glob("*/rank-*.json"):
             stale.unlink()
         job = simjob.start(progress, start, scratch_dir=state / "scratch")
+        # The daemon judges the simulated job's session and nothing else of this machine; the demo
+        # never reaps the launcher before the end, so its session number cannot be reused meanwhile.
+        options = replace(options, sim_job=job.pid)
     print(BANNER.format(mode_line=mode_line, port=port, state=state), flush=True)
     try:
         return run_daemon(options)

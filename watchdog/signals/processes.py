@@ -70,6 +70,93 @@ ProcInfo = tuple[int | None, list[str], psutil.Process | None]
 GroupKey = tuple[str, int | None, str | None]
 
 
+# ------------------------------------------------------------------------------------------ scope
+
+
+@dataclass(slots=True)
+class SessionScope:
+    """The only processes a daemon judges when it watches a simulated job (``--source sim``): those of
+    one session - the simulated job's launcher started it (``setsid``) and every rank inherits it -
+    and of the launcher's owner. The kernel keeps the proof: a process cannot join a session it did not
+    inherit (``setsid`` only makes a new one, named by the caller's own pid), and the session's number
+    cannot name another session while any member, the leader included (a zombie too), exists. Once
+    the leader is gone, only processes created before it was last seen alive are believed: a new
+    session under a recycled number is younger. ``sid`` None: a scope that holds no process at all
+    (a simulation without its job judges progress files alone, never the machine's processes)."""
+
+    sid: int | None
+    uid: int | None = None
+    leader_create_time: float | None = None
+    leader_seen_s: float | None = None
+    """Wall-clock second the leader was last seen alive (None: it is gone since the scope was made)."""
+    leader_alive: bool = True
+
+    @classmethod
+    def nothing(cls) -> SessionScope:
+        return cls(None, leader_alive=False)
+
+    @classmethod
+    def of_leader(cls, pid: int) -> SessionScope:
+        """The session ``pid`` leads. Raises ValueError when there is no such process or it leads no
+        session (its command must be started in a new session: ``start_new_session=True``, ``setsid``)."""
+        try:
+            proc = psutil.Process(pid)
+            create_time = proc.create_time()
+            uid = proc.uids().real
+            sid = os.getsid(pid)
+        except (psutil.Error, OSError) as e:
+            raise ValueError(f"simulated job pid {pid}: no such process ({type(e).__name__})") from None
+        if sid != pid:
+            raise ValueError(
+                f"simulated job pid {pid} leads no session (it is in session {sid}): start it in a new "
+                "session (setsid), so that the daemon can tell its processes from the machine's others"
+            )
+        return cls(pid, uid, create_time, time.time())
+
+    def refresh(self, now_wall_s: float) -> None:
+        """Is the leader still there (zombie included)? Called once per discovery."""
+        if self.sid is None or not self.leader_alive:
+            return
+        try:
+            same = psutil.Process(self.sid).create_time() == self.leader_create_time
+        except psutil.Error:
+            same = False
+        if same:
+            self.leader_seen_s = now_wall_s
+        else:
+            self.leader_alive = False
+
+    def holds(self, pid: int, uid: int | None, create_time: float | None) -> bool:
+        """Whether ``pid`` (owned by ``uid``, created at ``create_time``) is one of the session's."""
+        if self.sid is None or uid != self.uid or create_time is None:
+            return False
+        if self.leader_create_time is not None and create_time < self.leader_create_time:
+            return False
+        if not self.leader_alive and (self.leader_seen_s is None or create_time > self.leader_seen_s):
+            return False
+        try:
+            return os.getsid(pid) == self.sid
+        except OSError:
+            return False
+
+    def in_session(self, pid: int) -> bool:
+        """The cheap first test (one system call): is ``pid`` in the session at all?"""
+        try:
+            return self.sid is not None and os.getsid(pid) == self.sid
+        except OSError:
+            return False
+
+    def holds_pid(self, pid: int) -> bool:
+        """:meth:`holds` for a pid alone (reads its owner and start time)."""
+        if self.sid is None:
+            return False
+        try:
+            proc = psutil.Process(pid)
+            return self.holds(pid, proc.uids().real, proc.create_time())
+        except psutil.Error:
+            return False
+
+
 # ------------------------------------------------------------------------------------------- view
 
 
@@ -115,13 +202,17 @@ class ProcessInspector:
         forget_after_s: float = 60.0,
         always_scan_environ: bool = False,
         own_pid: int | None = None,
+        scope: SessionScope | None = None,
     ) -> None:
+        """``scope``: judge only the processes it holds (a simulated job's session); None: every
+        process of the node."""
         self.discovery_interval_s = discovery_interval_s
         self.environ_scan_interval_s = environ_scan_interval_s
         self._last_scan_s: float | None = None
         self.forget_after_s = forget_after_s
         self.always_scan_environ = always_scan_environ
         self.own_pid = os.getpid() if own_pid is None else own_pid
+        self.scope = scope
         self._tracked: dict[int, _Tracked] = {}
         self._procs: dict[tuple[int, float], psutil.Process] = {}
         self._last_discovery_s: float | None = None
@@ -217,6 +308,8 @@ class ProcessInspector:
         )
         if scan_environ:
             self._last_scan_s = now_s
+        if self.scope is not None:
+            self.scope.refresh(time.time())
         claimed = {c.pid for c in claims if c.host_is_local}
         listed: set[int] = set(nvml_gpus) | claimed
 
@@ -305,11 +398,16 @@ class ProcessInspector:
         found: dict[int, Candidate] = {}
         envs: dict[int, RankEnv | None] = {}
         denied = 0
+        session_scope = self.scope
         for pid, (ppid, cmdline, proc) in infos.items():
             if pid in (self.own_pid, 1) or proc is None or (not cmdline and pid not in listed):
                 continue  # ourselves, init, kernel threads, gone
             if pid in launcher_set:
                 continue
+            if session_scope is not None and not (
+                session_scope.in_session(pid) and session_scope.holds(pid, _uid(proc), _create_time(proc))
+            ):
+                continue  # not the simulated job's: never read, never judged
             env: RankEnv | None = None
             try:
                 env = rank_env(proc.environ())
@@ -522,4 +620,4 @@ def _create_time(proc: psutil.Process) -> float | None:
         return None
 
 
-__all__ = ["ProcessInspector", "ProcessView"]
+__all__ = ["ProcessInspector", "ProcessView", "SessionScope"]

@@ -712,8 +712,11 @@ class SimSource:
 
     ``gpus`` overrides the scenario's GPU count (16 = two nodes' worth); ``seed`` picks the noise;
     ``start_s`` is the loop-clock time at which the scenario begins (None: the first call to
-    :meth:`sample` or :meth:`truth`). A scenario name or path that does not exist raises
-    :class:`TelemetryUnavailable`; a malformed one :class:`ScenarioError`.
+    :meth:`sample` or :meth:`truth`). ``job_session``: the session of the simulated job on these GPUs
+    (its launcher's pid, a session leader: ``gpu_triage.demo.simjob``); a daemon on this source judges
+    that session's processes and no other process of the machine (None: no process at all). A
+    scenario name or path that does not exist raises :class:`TelemetryUnavailable`; a malformed one
+    :class:`ScenarioError`.
     """
 
     name = "sim"
@@ -725,8 +728,11 @@ class SimSource:
         gpus: int | None = None,
         seed: int = 0,
         start_s: float | None = None,
+        job_session: int | None = None,
     ) -> None:
         self.scenario = _as_scenario(scenario)
+        self.job_session = job_session
+        """The simulated job's session (see the class); the daemon checks it once, at its start."""
         self.gpu_count = self.scenario.gpus if gpus is None else int(gpus)
         if self.gpu_count < 1:
             raise ValueError(f"gpus must be >= 1, got {gpus}")
