@@ -20,6 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpu_triage.model.states import Verdict
+from gpu_triage.signals.fleet.facts import NodeJobFacts, RankFacts
+from gpu_triage.signals.fleet.remote import RemoteFacts
+from gpu_triage.signals.stacks.dumps import Frame, ThreadStack, classify, group_key
 from gpu_triage.verdicts.settings import DetectorConfig
 from tests.corpus.harness import Case, Expect, SimRank, World
 
@@ -836,6 +839,129 @@ def stack_cases() -> list[Case]:
     ]
 
 
+WRITING = (
+    ("_write", "/usr/lib/python3.11/io.py", 1200),
+    ("DeepSpeedEngine.save_checkpoint", SP + "deepspeed/runtime/engine.py", 4966),
+    ("main", "/home/user/train.py", 120),
+)
+"""The rank that does the save's work: inside save_checkpoint, in no collective."""
+
+
+def other_node(*, name: str = "node-b", first: int = 8, world: int = 16, script):
+    """``[cluster]``: the job's other node as Prometheus answers about it. ``script(t)`` -> a time (the
+    node silent since then: its target down) or one entry per rank: None (it trains, its stack moves) or
+    (frames, frozen since; None: moving)."""
+
+    def answer(w: World, now: float) -> RemoteFacts:
+        stacks = script(w.t)
+        if isinstance(stacks, float):  # silent since then: its series gone, its last facts remembered
+            return RemoteFacts(JOB, now, (), last_seen=((name, now - (w.t - stacks)),))
+        ranks = []
+        for i, entry in enumerate(stacks):
+            frames, frozen_at = entry if entry is not None else (IN_ALLREDUCE, None)
+            since = now if frozen_at is None else now - (w.t - frozen_at)
+            info = classify([ThreadStack("MainThread", 1, tuple(Frame(*f) for f in frames))])
+            ranks.append(
+                RankFacts(
+                    rank=first + i,
+                    stack_phase=str(info.phase),
+                    stack_where=group_key(info),
+                    stack_same_since=since,
+                    stack_sampled_at=now - 1,
+                    stack_collective=info.collective,
+                )
+            )
+        facts = NodeJobFacts(JOB, name, now - 1, world, "stalled", None, False, False, False, tuple(ranks))
+        return RemoteFacts(JOB, now, (facts,), last_seen=((name, now - 1),))
+
+    def setup(w: World) -> None:
+        w.remote = answer
+
+    return setup
+
+
+def _both(*setups: Stage) -> Stage:
+    def setup(w: World) -> None:
+        for s in setups:
+            s(w)
+
+    return setup
+
+
+def fleet_cases() -> list[Case]:
+    """Issue 26: one job on two nodes (8 ranks here, 8 on node-b), the other node's facts through
+    Prometheus ([cluster]), no progress files: the reference failure across nodes and a node lost."""
+    moving = [None] * 8
+    return [
+        Case(
+            "hang-save-split-across-nodes",
+            "hang",
+            _both(
+                node(progress=False, world_size=16),
+                other_node(
+                    script=lambda t: moving if t < 400 else [(IN_SAVE, 400.0)] * 7 + [(IN_ALLREDUCE, 400.0)]
+                ),
+            ),
+            script(BOOT, TRAIN, (400.0, lambda w: (hang(w), w.set(stack=IN_SAVE)))),
+            800,
+            Expect("hang", kill_worthy_within_s=120.0, alert_within_s=180.0),
+            onset_s=400,
+            describe="the epoch-end save deadlock over two nodes: every rank here and 7 on node-b wait in "
+            "save_checkpoint's collective, node-b's rank 15 in its extra step's all-reduce; alone, this node "
+            "sees a save (K6 split completed across nodes; before: checkpoint forever)",
+        ),
+        Case(
+            "node-lost-no-progress-files",
+            "hang",
+            _both(
+                node(progress=False, world_size=16), other_node(script=lambda t: moving if t < 400 else 400.0)
+            ),
+            script(BOOT, TRAIN, (400.0, lambda w: (hang(w), w.set(stack=IN_ALLREDUCE)))),
+            800,
+            Expect("hang", kill_worthy_within_s=120.0, alert_within_s=180.0, cause="node node-b lost"),
+            onset_s=400,
+            describe="node-b hangs whole (its daemon's target down): every rank here waits in its next "
+            "all-reduce (K7; before: stalled until NCCL's timeout)",
+        ),
+        Case(
+            "remote-writer-everyone-else-in-the-save",
+            "save",
+            _both(
+                node(progress=False, world_size=16),
+                other_node(
+                    script=lambda t: (
+                        moving if t < 300 or t >= 900 else [(WRITING, None)] + [(IN_SAVE, 300.0)] * 7
+                    )
+                ),
+            ),
+            script(
+                BOOT,
+                TRAIN,
+                (300.0, lambda w: (hang(w), w.set(stack=IN_SAVE))),
+                (900.0, lambda w: (train(w), w.set(stack=None))),
+            ),
+            1100,
+            Expect("healthy", allowed=frozenset({V.HEALTHY, V.CHECKPOINT})),
+            onset_s=300,
+            describe="a 10-minute save: node-b's rank 8 writes (its stack moves, in no collective), every "
+            "other rank on both nodes waits inside the save's collective - never hung",
+        ),
+        Case(
+            "remote-daemon-stopped-while-training",
+            "train",
+            _both(
+                node(progress=False, world_size=16),
+                other_node(script=lambda t: moving if t < 300 else 300.0),
+            ),
+            script(BOOT, (60.0, lambda w: (train(w), w.set(stack=IN_ALLREDUCE, cpu_ratio=1.0)))),
+            900,
+            Expect("healthy", allowed=frozenset({V.HEALTHY})),
+            describe="node-b's daemon stops at 300 s while the job trains on (every dump here lands in the "
+            "same all_reduce line, host threads busy): node-b is silent, never lost against the job",
+        ),
+    ]
+
+
 def _containers(*setups: Stage) -> Stage:
     """Jobs in containers without host PIDs: NVML names no process of theirs, nothing ties a rank to
     its GPU (the GPUs still draw what the ranks do)."""
@@ -972,7 +1098,7 @@ def _flaky_hang(w: World) -> None:
 
 
 def all_cases() -> list[Case]:
-    return healthy_cases() + hang_cases() + stack_cases() + wild_cases()
+    return healthy_cases() + hang_cases() + stack_cases() + wild_cases() + fleet_cases()
 
 
 __all__ = ["all_cases", "hang_cases", "healthy_cases"]

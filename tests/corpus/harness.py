@@ -35,6 +35,7 @@ from gpu_triage.contract import ProgressWriter
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.states import KILL_WORTHY_VERDICTS, Mode, Verdict
+from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.signals.ranks import RankProcess
 from gpu_triage.signals.stacks.dumps import Frame, RankStack, StackSummary, ThreadStack, classify
@@ -126,6 +127,9 @@ class World:
     ``flaky:<activity>`` fails one read in four."""
     t: float = 0.0
     """Seconds since the start of the case."""
+    remote: Callable[[World, float], RemoteFacts | None] | None = None
+    """The other nodes of a multi-node job as Prometheus would answer about them at ``now`` (their
+    fleet facts, or a node gone silent); None: no ``[cluster]``."""
 
     def job(self, name: str) -> list[SimRank]:
         return [r for r in self.ranks if r.job == name]
@@ -152,6 +156,8 @@ class Expect:
     """Healthy: the only verdicts it may take (None: anything but the hung ones)."""
     limit: str = ""
     """For a hang this node cannot prove: why (printed in the scorecard)."""
+    cause: str | None = None
+    """A hang: the cause its first kill-worthy verdict must give (None: any)."""
     ends_in: frozenset[Verdict] | None = None
     """The verdicts the case may end in (None: any): a hang alerted as ``slow`` or not judged at all
     is misnamed even when some alert fired."""
@@ -180,6 +186,7 @@ class Result:
     """(seconds from start, verdict) at each change, for the case's first job."""
     first_kill_worthy_s: float | None
     first_alert_s: float | None
+    first_kill_worthy_cause: str | None
     sigterm_plans: list[tuple[float, str, tuple[int, ...]]]
     """(time, job, pids) of every SIGTERM the engine decided on."""
     healthy_pids: frozenset[int]
@@ -221,6 +228,8 @@ class Result:
             if e.kill_worthy_within_s is not None and (k is None or k > e.kill_worthy_within_s):
                 got = "never" if k is None else f"{k:.0f} s"
                 out.append(f"kill-worthy {got} after onset, wanted <= {e.kill_worthy_within_s:.0f} s")
+            if e.cause is not None and k is not None and self.first_kill_worthy_cause != e.cause:
+                out.append(f"kill-worthy with cause {self.first_kill_worthy_cause!r}, wanted {e.cause!r}")
             if e.kill_worthy_within_s is None and k is not None:
                 out.append(f"kill-worthy {k:.0f} s after onset where only an alert was expected")
             if e.alert_within_s is not None and (a is None or a > e.alert_within_s):
@@ -347,6 +356,7 @@ def run_case(case: Case) -> Result:
         silences = SilenceBook()
         timeline: dict[str, list[tuple[float, Verdict]]] = {}
         first_kw: float | None = None
+        first_cause: str | None = None
         first_alert: float | None = None
         plans: list[tuple[float, str, tuple[int, ...]]] = []
         main_job = world.ranks[0].job if world.ranks else ""
@@ -377,6 +387,9 @@ def run_case(case: Case) -> Result:
                 if tick % STACK_INTERVAL_S == 0:
                     _sample_stacks(world, now, stacks)
                 jobs = [_with_stacks(j, world, stacks) for j in jobs]
+                if world.remote is not None:
+                    remote = world.remote(world, now)
+                    jobs = [dataclasses.replace(j, remote=remote) for j in jobs]
                 gviews = [
                     GpuView(
                         g.gpu,
@@ -392,7 +405,7 @@ def run_case(case: Case) -> Result:
                     if not line or line[-1][1] is not j.verdict:
                         line.append((t, j.verdict))
                     if j.job == main_job and j.kill_worthy and first_kw is None:
-                        first_kw = t
+                        first_kw, first_cause = t, j.cause
                 records = engine.on_cycle(
                     Cycle(
                         now,
@@ -426,6 +439,7 @@ def run_case(case: Case) -> Result:
             timeline=timeline.get(main_job, []),
             first_kill_worthy_s=first_kw,
             first_alert_s=first_alert,
+            first_kill_worthy_cause=first_cause,
             sigterm_plans=plans,
             healthy_pids=frozenset(pids) if case.expect.truth == "healthy" else frozenset(),
             jobs_seen=timeline,

@@ -17,6 +17,14 @@ has 4), and the epoch ends with ``engine.save_checkpoint`` (a collective inside)
 batches and blocks in the save's first collective while rank 1 still waits in its training step's
 gradient reduce-scatter. Neither ever returns.
 
+MODE ``save_split``: the same failure with one long rank - the last rank (``WORLD_SIZE - 1``) has 4
+batches, every other rank 2: every other rank blocks in the epoch-end save's first collective while
+the last rank waits in its third step's collective. Neither side ever returns.
+
+MODE ``train``: a healthy job - steps until ``TRAIN_S`` seconds (60 by default) have passed on rank 0
+(rank 0 broadcasts whether to go on each step, so every rank takes the same steps), then
+``OUT_DIR/done-<rank>`` and exit 0. ``OUT_DIR/step-<rank>`` holds the rank's step count.
+
 Each rank writes ``OUT_DIR/ready-<rank>`` once DeepSpeed is initialised and
 ``OUT_DIR/epoch-end-<rank>`` at its epoch end.
 """
@@ -90,6 +98,26 @@ def main() -> int:
         train_steps(engine, batches)
         (out / f"epoch-end-{rank}").write_text("")
         engine.save_checkpoint(str(out / "ckpt"), tag="epoch0")  # rank 0 blocks inside the save
+        return 0
+    if mode == "save_split":
+        batches = 4 if rank == int(os.environ["WORLD_SIZE"]) - 1 else 2
+        train_steps(engine, batches)
+        (out / f"epoch-end-{rank}").write_text("")
+        engine.save_checkpoint(str(out / "ckpt"), tag="epoch0")  # the short ranks block inside the save
+        return 0
+    if mode == "train":
+        end = time.time() + float(os.environ.get("TRAIN_S", "60"))
+        step = 0
+        while True:
+            go = torch.tensor([1 if time.time() < end else 0])
+            dist.broadcast(go, 0)
+            if not int(go.item()):
+                break
+            train_steps(engine, 1)
+            step += 1
+            (out / f"step-{rank}").write_text(str(step))
+            time.sleep(0.05)
+        (out / f"done-{rank}").write_text(str(step))
         return 0
     if mode == "slow_save":
         train_steps(engine, 2)

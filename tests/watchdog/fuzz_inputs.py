@@ -13,8 +13,9 @@ a *clean* outcome:
 - ``config``: :func:`load_config` returns a Config or raises ConfigError naming the file;
 - ``progress``: :func:`parse_record` returns a record or raises ProgressFormatError, and a
   :class:`ProgressReader` over the file lists it as a per-file error or reads it;
-- ``prometheus``: a Prometheus query answer (other nodes' facts, issue 21): ``parse_vector`` returns
-  samples or raises PromError; the facts built from them and the fusion rule never raise;
+- ``prometheus``: a Prometheus query answer (other nodes' facts, issue 21; the recording rules'
+  aggregates, issue 26): ``parse_vector`` returns samples or raises PromError; the facts and the job
+  summary built from them and the fusion rule never raise;
 - ``names``: directory and file names as bytes (:func:`run_names`): the reader reads the job or
   reports it, and its reports, log lines, environment job keys and event-store rows stay printable,
   bounded, one line each;
@@ -336,6 +337,7 @@ def prometheus_seeds() -> list[bytes]:
                         **rl,
                         "phase": "collective",
                         "where": where,
+                        "collective": "barrier" if r == 0 else "all_reduce",
                     },
                     "value": [t, str(t - 60)],
                 }
@@ -357,9 +359,45 @@ def prometheus_seeds() -> list[bytes]:
                     "value": [t, str(t - 600)],
                 }
             )
+        series.append(
+            {
+                "metric": {"__name__": "gpu_watchdog_fleet_last_facts_timestamp_seconds", **base},
+                "value": [t, str(t - 90)],
+            }
+        )
     ok = {"status": "success", "data": {"resultType": "vector", "result": series}}
     err = {"status": "error", "errorType": "bad_data", "error": "invalid parameter"}
-    return [json.dumps(ok).encode(), json.dumps(ok, indent=1).encode(), json.dumps(err).encode()]  # fmt: skip
+    # the recording rules' aggregates of the same job (issue 26: [cluster] job_rules)
+    jl = {"training_job": job}
+    group = {
+        **jl,
+        "where": "collective all_reduce @ train.py:40 main",
+        "phase": "collective",
+        "collective": "x",
+    }
+    tj, tw = "training_job:gpu_watchdog_fleet_", "training_job_where:gpu_watchdog_fleet_"
+
+    def one(name: str, labels: dict[str, str], value: float) -> dict[str, object]:
+        return {"metric": {"__name__": name, **labels}, "value": [t, str(value)]}
+
+    rules = [
+        one(tj + "world_size:max", jl, 4),
+        one(tj + "nodes:count", jl, 2),
+        one(tj + "ranks_reported:count", jl, 4),
+        one(tj + "rank_reports:count", jl, 4),
+        one(tw + "stack_ranks:count", group, 4),
+        one(tw + "stack_frozen:min_seconds", group, 58),
+        one(tj + "odd_rank:since_timestamp_seconds", {**jl, "fleet_node": "node-a", "rank": "0"}, t - 60),
+        one("training_job_fleet_node:gpu_watchdog_fleet_oldest_facts:timestamp_seconds",
+            {**jl, "fleet_node": "node-x"}, t - 90),
+        one("training_job_fleet_node:gpu_watchdog_fleet_io_active:first",
+            {**jl, "fleet_node": "node-a", "io": "write"}, 1),
+        one(tj + "save_work_rank:since_timestamp_seconds",
+            {**jl, "fleet_node": "node-a", "rank": "0", "phase": "checkpoint"}, t - 5),
+    ]  # fmt: skip
+    summary = {"status": "success", "data": {"resultType": "vector", "result": rules}}
+    return [json.dumps(ok).encode(), json.dumps(ok, indent=1).encode(), json.dumps(err).encode(),
+            json.dumps(summary).encode()]  # fmt: skip
 
 
 def run_prometheus(data: bytes, tmp: Path) -> str:
@@ -374,9 +412,18 @@ def run_prometheus(data: bytes, tmp: Path) -> str:
         samples = parse_vector(data)
     except PromError:
         return "error"
-    remote = remote_facts("master-10.0.0.1:29500", samples, own_node="node-c", asked_at=1_700_000_001.0)
+    from gpu_triage.signals.fleet.remote import RemoteFacts
+    from gpu_triage.signals.fleet.summary import job_summary
+
+    job = "master-10.0.0.1:29500"
+    remote = remote_facts(job, samples, own_node="node-c", asked_at=1_700_000_001.0)
     fuse(1_700_000_001.0, own_node="node-c", world_size=6, local_ranks=[4, 5], local_stacks=None,
          remote=remote, cfg=DetectorConfig().fusion())  # fmt: skip
+    summary = job_summary(job, samples, now=1_700_000_001.0, stale_after_s=15.0)
+    if summary is not None:
+        ruled = RemoteFacts(job, 1_700_000_001.0, summary=summary)
+        fuse(1_700_000_001.0, own_node="node-c", world_size=None, local_ranks=[4, 5], local_stacks=None,
+             remote=ruled, cfg=DetectorConfig().fusion())  # fmt: skip
     return "result"
 
 

@@ -52,7 +52,7 @@ from gpu_triage.serving.api import create_app
 from gpu_triage.serving.http_server import HttpServer
 from gpu_triage.serving.metrics import METRIC_NAMES
 from gpu_triage.serving.publish import SnapshotHolder
-from gpu_triage.signals.fleet.facts import JobFacts, RankFacts
+from gpu_triage.signals.fleet.facts import NodeJobFacts, RankFacts
 from tests.conftest import REPO, require_binary
 from tests.watchdog.snapshots import gpu_status, rank_status
 
@@ -211,7 +211,7 @@ def live_snapshot(cycle: int, now: float) -> Snapshot:
     )
     # the same job's facts for the other nodes (the job view): rank 3 stopped first and lags
     where = "collective all_reduce @ train.py:40 main"
-    facts = JobFacts(
+    facts = NodeJobFacts(
         JOB, NODE, now, 16, "deadlock_suspected", now - 60.0, True, False, False,
         tuple(
             RankFacts(

@@ -8,6 +8,18 @@ daemons every second, which each daemon asks for the other node's facts ([cluste
   within 120 s of the onset, naming node A's rank 0 as the one that did not arrive; then one daemon
   down, then Prometheus stopped: the other daemon is no longer kill-worthy, the fallback in /status;
 - rank 0 saves for minutes while node B's ranks wait: neither daemon ever hung-class.
+
+Issue 26's must-show, on the same harness:
+
+- (a) the epoch-end save split with the long rank (rank 3) alone on node B and every other rank inside
+  ``save_checkpoint``'s collective: both daemons kill-worthy within 120 s of the onset, naming node B's
+  rank 3 (node A alone sees only a save; node B alone an incomplete split);
+- (b) a healthy save of minutes, rank 0 writing, every other rank on both nodes waiting inside the save:
+  never hung-class (the second test above);
+- (c) every process of node A frozen (SIGSTOP) while the job trains: node B kill-worthy within 120 s
+  with cause ``node node-a lost``;
+- (d) only node A's daemon stopped while the job trains: node B never hung-class, the job finishes;
+- (e) Prometheus down: per-node judgment (the end of the first test).
 """
 
 from __future__ import annotations
@@ -58,6 +70,7 @@ class Node:
         port: int,
         prom_url: str,
         env: dict,
+        node_lost_after_s: float = 60.0,
     ):
         self.name, self.tmp = name, tmp / name
         self.tmp.mkdir()
@@ -70,6 +83,7 @@ class Node:
             f'[progress]\ndir = "{self.tmp / "progress"}"\n[actions]\nmode = "observe"\n'
             f'[stacks]\npy_spy = "{_py_spy()}"\n'
             f'[cluster]\nprometheus_url = "{prom_url}"\nmin_interval_s = 2.0\nstale_after_s = 10.0\n'
+            f"node_lost_after_s = {node_lost_after_s}\n"
         )
         self.job_log = self.tmp / "torchrun.log"
         self.daemon_log = self.tmp / "daemon.log"
@@ -103,6 +117,13 @@ class Node:
         os.kill(pid, signal.SIGTERM)
         psutil.Process(pid).wait(30)
 
+    def freeze(self) -> None:
+        """SIGSTOP every process of this node (its job, its daemon): a node that hangs."""
+        procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGSTOP)
+
     def job(self, name: str) -> dict | None:
         doc = httpx.get(f"{self.url}/status", timeout=5).json()
         return next((j for j in doc["jobs"] if j["job"] == name), None)
@@ -115,6 +136,9 @@ class Node:
         )
 
     def kill(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                p.send_signal(signal.SIGCONT)
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -122,7 +146,7 @@ class Node:
             self.proc.wait(timeout=30)
 
 
-def _env() -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     for k in ("GPU_WATCHDOG_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "GPU_WATCHDOG_PROGRESS_DIR"):
         env.pop(k, None)
@@ -130,6 +154,7 @@ def _env() -> dict[str, str]:
         {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SLOW_SAVE_S": "75"}
     )
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(extra)
     return env
 
 
@@ -151,13 +176,13 @@ def _prometheus(tmp: Path, ports: list[int]) -> Prometheus:
     return Prometheus(binary, path, tmp / "prom-data")
 
 
-def _start(tmp: Path, mode: str):
+def _start(tmp: Path, mode: str, **extra: str):
     require_binary("unshare", "two PID namespaces as two nodes")
     (tmp / "job").mkdir()
     master = free_port()
     ports = [free_port(), free_port()]  # the daemons' ports first: Prometheus's targets
     prom = _prometheus(tmp, ports)
-    env = _env()
+    env = _env(**extra)
     nodes = [
         Node(tmp, name, i, master, mode, ports[i], prom.url, env)
         for i, name in enumerate(("node-a", "node-b"))
@@ -294,5 +319,127 @@ def test_a_slow_save_on_the_other_node_is_never_hung_class(tmp_path: Path) -> No
         print("verdicts seen:", seen, "fleet:", sorted(fleet_states))
         assert "checkpoint" in seen["node-a"], seen
         assert writer_seen, "Prometheus never held node A's rank 0 inside the save"
+    finally:
+        _cleanup(nodes, prom)
+
+
+def _wait_facts(prom: Prometheus, name: str, node: str, nodes: list[Node]) -> None:
+    """Until Prometheus holds ``node``'s facts about the job (the other node has something to miss)."""
+    q = f'gpu_watchdog_fleet_facts_timestamp_seconds{{training_job="{name}",fleet_node="{node}"}}'
+    wait_for(
+        lambda: prom.api("/api/v1/query", query=q)["result"],
+        START_TIMEOUT_S,
+        f"{node}'s facts in Prometheus\n" + "\n".join(n.logs() for n in nodes),
+        interval_s=1.0,
+    )
+
+
+def test_the_epoch_end_save_split_across_nodes_is_kill_worthy_on_both_and_names_the_long_rank(
+    tmp_path: Path,
+) -> None:
+    """(a) ranks 0-2 in the epoch-end save's collective (node A: 0, 1; node B: 2), rank 3 alone on node B
+    in its extra step's collective. Before issue 26 both daemons read ``checkpoint`` for as long as we
+    watched: node A's ranks "in a save" vetoed node B's split."""
+    name, nodes, prom = _start(tmp_path, "save_split")
+    try:
+        onset = max(_wait_file(tmp_path / "job" / f"epoch-end-{r}", nodes) for r in range(3))
+        found: dict[str, dict] = {}
+        for n in nodes:
+            found[n.name] = wait_for(
+                lambda n=n: (
+                    (j := n.job(name)) is not None and j["kill_worthy"] and j["verdict"] in HUNG and j
+                ),
+                max(1.0, onset + 150 - time.time()),
+                f"{n.name}: a kill-worthy verdict\n{n.logs()}",
+                interval_s=0.5,
+            )
+            after = time.time() - onset
+            print(f"{n.name}: kill-worthy {after:.1f} s after the onset")
+            assert after <= 120.0, f"{n.name}: kill-worthy {after:.0f} s after the onset"
+        for n in nodes:
+            ev = found[n.name]["evidence"]
+            assert {"stacks_phase_split", "remote_complete"} <= set(ev["signals"]), ev["signals"]
+            fleet = ev["fleet"]
+            assert fleet["state"] == "complete" and "split" in fleet, fleet
+            assert fleet["odd"] == [{"node": "node-b", "rank": 3}], fleet
+            assert fleet["split"]["step_ranks"] == [{"node": "node-b", "rank": 3}], fleet
+        # the per-rank fact behind it: the ranks in the save wait in a collective there (not writing)
+        q = f'gpu_watchdog_fleet_rank_stack_since_timestamp_seconds{{training_job="{name}"}}'
+        where = {
+            int(s["metric"]["rank"]): (s["metric"]["phase"], bool(s["metric"].get("collective")))
+            for s in prom.api("/api/v1/query", query=q)["result"]
+        }
+        assert {r: where[r] for r in (0, 1, 2)} == {r: ("checkpoint", True) for r in (0, 1, 2)}, where
+        assert where[3] == ("collective", True), where
+        assert all(n.proc.poll() is None for n in nodes), "observe mode killed something"
+    finally:
+        _cleanup(nodes, prom)
+
+
+def test_a_node_frozen_whole_is_lost_and_the_other_node_kill_worthy_naming_it(tmp_path: Path) -> None:
+    """(c) every process of node A (its ranks, its daemon) stopped while the job trains: node B's ranks
+    wait in their next collective, node A's target goes down; node B names it."""
+    name, nodes, prom = _start(tmp_path, "train", TRAIN_S="900")
+    a, b = nodes
+    try:
+        for r in range(4):
+            _wait_file(tmp_path / "job" / f"step-{r}", nodes)
+        _wait_facts(prom, name, "node-a", nodes)
+        a.freeze()
+        lost_at = time.time()
+        j = wait_for(
+            lambda: (j := b.job(name)) is not None and j["kill_worthy"] and j,
+            150,
+            f"node B kill-worthy once node A is frozen\n{b.logs()}",
+            interval_s=0.5,
+        )
+        after = time.time() - lost_at
+        print(f"node-b: kill-worthy {after:.1f} s after node A froze; cause {j['cause']}")
+        assert after <= 120.0, f"kill-worthy {after:.0f} s after the loss"
+        assert j["verdict"] in HUNG and j["cause"] == "node node-a lost", (j["verdict"], j["cause"])
+        fleet = j["evidence"]["fleet"]
+        assert fleet["state"] == "node_lost" and [x["node"] for x in fleet["lost"]] == ["node-a"], fleet
+        assert "node_lost" in j["evidence"]["signals"]
+        assert sorted(int(r["rank"]) for r in j["ranks"]) == [2, 3]  # node B judges only its own ranks
+        assert b.proc.poll() is None, "observe mode killed something"
+    finally:
+        _cleanup(nodes, prom)
+
+
+def test_a_node_whose_daemon_alone_stopped_never_counts_against_a_job_that_trains(tmp_path: Path) -> None:
+    """(d) node A's daemon stopped while the job trains on: node A goes silent for node B past
+    node_lost_after_s, but node B's ranks keep moving - never hung-class, and the job finishes."""
+    name, nodes, prom = _start(tmp_path, "train", TRAIN_S="150")
+    a, b = nodes
+    try:
+        for r in range(4):
+            _wait_file(tmp_path / "job" / f"step-{r}", nodes)
+        _wait_facts(prom, name, "node-a", nodes)
+        a.stop_daemon()
+        stopped_at = time.time()
+        verdicts: list[str] = []
+        stale_seen = False
+        deadline = time.monotonic() + 500
+        while not all((tmp_path / "job" / f"done-{r}").exists() for r in range(4)):
+            assert time.monotonic() < deadline, "the job never finished\n" + "\n".join(
+                n.logs() for n in nodes
+            )
+            j = b.job(name)
+            if j is not None:
+                assert j["verdict"] not in HUNG and not j["kill_worthy"], (
+                    j["verdict"],
+                    j["evidence"].get("fleet"),
+                )
+                if not verdicts or verdicts[-1] != j["verdict"]:
+                    verdicts.append(j["verdict"])
+                stale_seen = stale_seen or "node-a" in j["evidence"].get("fleet", {}).get("stale_nodes", [])
+            time.sleep(0.5)
+        trained = time.time() - stopped_at
+        print(
+            f"node-b verdicts: {verdicts}; node A silent for {trained:.0f} s; node A seen stale: {stale_seen}"
+        )
+        assert trained >= 70.0, (
+            f"the job finished {trained:.0f} s after the stop: node A was never 'lost' long"
+        )
     finally:
         _cleanup(nodes, prom)

@@ -21,8 +21,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from gpu_triage.signals.fleet.facts import JOB_LABEL, PREFIX, JobFacts, RankFacts
-from gpu_triage.signals.fleet.remote import Sample, remote_facts
+from gpu_triage.signals.fleet.facts import (
+    JOB_LABEL,
+    NODE_LABEL,
+    PREFIX,
+    SAVE_OR_EVAL,
+    NodeJobFacts,
+    RankFacts,
+)
+from gpu_triage.signals.fleet.remote import LAST_SEEN, LOOKBACK_S, Sample, remote_facts
 
 EXIT_OK, EXIT_DEADLOCK, EXIT_UNREACHABLE = 0, 1, 2
 HUNG = frozenset({"deadlock_suspected", "deadlock_confirmed"})
@@ -42,9 +49,19 @@ SEVERITY = (
 MAX_NAMED = 16
 
 
+SILENT_S = 60.0
+"""A node whose facts about a job are older than this is silent (``[cluster] node_lost_after_s``)."""
+
+
 def fleet_query(job: str | None = None) -> str:
+    """Every fleet series (of one job), and each node's last facts time over the lookback (a node
+    whose target is down has no current series)."""
     sel = f",{JOB_LABEL}={json.dumps(job)}" if job else ""
-    return f'{{__name__=~"{PREFIX}.+"{sel}}}'
+    last = (
+        f"max by ({JOB_LABEL}, {NODE_LABEL}) "
+        f"(max_over_time({PREFIX}facts_timestamp_seconds{{{sel[1:]}}}[{LOOKBACK_S}s]))"
+    )
+    return f'{{__name__=~"{PREFIX}.+"{sel}}} or label_replace({last}, "__name__", "{LAST_SEEN}", "", "")'
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +76,7 @@ class RankAt:
 class JobWide:
     job: str
     verdict: str
-    nodes: tuple[JobFacts, ...]
+    nodes: tuple[NodeJobFacts, ...]
     world_size: int | None
     missing: tuple[int, ...]
     first_stopped: RankAt | None
@@ -67,6 +84,19 @@ class JobWide:
     lag_steps: int | None
     odd: tuple[RankAt, ...]
     groups: tuple[tuple[str, int], ...]
+    silent: tuple[tuple[str, float], ...] = ()
+    """(node, its last facts) of the job's nodes silent for more than :data:`SILENT_S`."""
+    split: bool = False
+    """Ranks wait in a collective inside a save or an eval while others are in a training step."""
+
+    def cause(self) -> str | None:
+        """The job-wide cause the facts show: a node lost (or silent), or the split."""
+        if self.silent:
+            names = ", ".join(n for n, _ in self.silent[:MAX_NAMED])
+            return f"node {names} lost" if self.verdict == "hung" else f"node {names} silent"
+        if self.split:
+            return "split: ranks in a save's or an eval's collective, the others in a training step"
+        return None
 
     def to_json(self, now: float) -> dict[str, Any]:
         return {
@@ -90,6 +120,9 @@ class JobWide:
             "lag_steps": self.lag_steps,
             "odd": [_rank_json(r) for r in self.odd],
             "stack_groups": [{"where": w, "ranks": c} for w, c in self.groups],
+            "silent_nodes": [{"node": n, "last_facts": t} for n, t in self.silent[:MAX_NAMED]],
+            "split": self.split,
+            "cause": self.cause(),
         }
 
 
@@ -99,7 +132,7 @@ def _rank_json(r: RankAt | None) -> dict[str, Any] | None:
     return {"node": r.node, "rank": r.rank, "value": r.value, "detail": r.detail}
 
 
-def _job_verdict(nodes: Sequence[JobFacts]) -> str:
+def _job_verdict(nodes: Sequence[NodeJobFacts]) -> str:
     if any(n.kill_worthy for n in nodes):
         return "hung"
     order = {v: i for i, v in enumerate(SEVERITY)}
@@ -115,7 +148,9 @@ def analyse(samples: Iterable[Sample], now: float) -> tuple[JobWide, ...]:
             by_job.setdefault(job, []).append(s)
     out = []
     for job, ss in sorted(by_job.items()):
-        nodes = remote_facts(job, ss, own_node="", asked_at=now).nodes
+        remote = remote_facts(job, ss, own_node="", asked_at=now)
+        nodes = tuple(n for n in remote.nodes if now - n.time <= SILENT_S)
+        silent = tuple((n, t) for n, t in remote.last_seen if now - t > SILENT_S)
         ranks: list[tuple[str, RankFacts]] = [(n.node, r) for n in nodes for r in n.ranks]
         worlds = [n.world_size for n in nodes if n.world_size is not None]
         world = max(worlds) if worlds else None
@@ -162,9 +197,18 @@ def analyse(samples: Iterable[Sample], now: float) -> tuple[JobWide, ...]:
                 lag_steps=lag,
                 odd=odd,
                 groups=tuple((w, len(ms)) for w, ms in groups),
+                silent=silent,
+                split=_split(r for _, r in stacked),
             )
         )
     return tuple(out)
+
+
+def _split(ranks: Iterable[RankFacts]) -> bool:
+    phases = [(r.stack_phase, bool(r.stack_collective)) for r in ranks]
+    in_phase = any(p in SAVE_OR_EVAL and c for p, c in phases)
+    in_step = any(p in {"collective", "forward", "backward", "optimizer"} for p, _ in phases)
+    return in_phase and in_step
 
 
 def exit_code(jobs: Sequence[JobWide]) -> int:
@@ -182,6 +226,10 @@ def render(jobs: Sequence[JobWide], now: float) -> str:
             kw = ", kill-worthy" if n.kill_worthy else ""
             ranks = ",".join(str(r.rank) for r in n.ranks[:MAX_NAMED])
             lines.append(f"  {n.node}: {n.verdict}{kw} (facts {now - n.time:.0f} s old; ranks {ranks})")
+        for name, t in j.silent[:MAX_NAMED]:
+            lines.append(f"  {name}: silent (no facts for {now - t:.0f} s)")
+        if (cause := j.cause()) is not None:
+            lines.append(f"  cause: {cause}")
         if j.missing:
             lines.append(f"  ranks no node reports: {','.join(map(str, j.missing[:MAX_NAMED]))}")
         if j.first_stopped is not None:

@@ -307,12 +307,14 @@ def _assemble(
 
 def detector_config(config: Config) -> DetectorConfig:
     """The detector's config: ``[detector]`` (``config.detector``) with the settings it takes from
-    other sections (``[stacks]``, ``[daemon] node``, ``[cluster] stale_after_s``) filled in."""
+    other sections (``[stacks]``, ``[daemon] node``, ``[cluster] stale_after_s`` and
+    ``node_lost_after_s``) filled in."""
     return dataclasses.replace(
         config.detector,
         stacks=config.stacks,
         fleet_node=config.daemon.node,
         fleet_stale_after_s=config.cluster.stale_after_s,
+        fleet_node_lost_after_s=config.cluster.node_lost_after_s,
     )
 
 

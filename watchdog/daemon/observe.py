@@ -23,7 +23,7 @@ from gpu_triage.model.names import printable
 from gpu_triage.model.samples import GpuSample, TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import ENDED_VERDICTS, Verdict
-from gpu_triage.signals.fleet.facts import JobFacts, local_facts, spin_since_by_gpu
+from gpu_triage.signals.fleet.facts import NodeJobFacts, local_facts, spin_since_by_gpu
 from gpu_triage.signals.pods import PodResolver
 from gpu_triage.signals.processes import ProcessInspector, ProcessView, SessionScope
 from gpu_triage.signals.progress import ProgressReader, ProgressView
@@ -205,7 +205,7 @@ class Observer:
         """Progress files and processes not believed (Snapshot.untrusted_progress_files)."""
         self.progress_errors: tuple[dict[str, Any], ...] = ()
         """Progress files not read this cycle (input_errors ``progress_file``)."""
-        self.fleet_facts: tuple[JobFacts, ...] = ()
+        self.fleet_facts: tuple[NodeJobFacts, ...] = ()
         """This node's facts about each judged job (Snapshot.fleet)."""
 
     @property
@@ -309,7 +309,7 @@ class Observer:
         results: tuple[JobStatus, ...],
         statuses: Sequence[GpuStatus],
         config: DetectorConfig,
-    ) -> tuple[JobFacts, ...]:
+    ) -> tuple[NodeJobFacts, ...]:
         """This node's facts about each job, exported for the other nodes (gpu_watchdog_fleet_*)."""
         self.fleet_facts = node_facts(now, self.node, jobs, results, statuses, config)
         return self.fleet_facts
@@ -354,7 +354,7 @@ def node_facts(
     results: tuple[JobStatus, ...],
     statuses: Sequence[GpuStatus],
     c: DetectorConfig,
-) -> tuple[JobFacts, ...]:
+) -> tuple[NodeJobFacts, ...]:
     """This node's facts about each judged job (gpu_watchdog_fleet_*)."""
     spin = spin_since_by_gpu(statuses)
     by_job = {j.job: j for j in results}

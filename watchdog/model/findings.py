@@ -50,6 +50,9 @@ class Signal(StrEnum):
     """Every rank's host CPU idle while its stack is frozen (a rank blocked in gloo sleeps)."""
     REMOTE_COMPLETE = "remote_complete"
     """Other nodes' fresh facts (Prometheus) complete this node's proof: every rank of the world."""
+    NODE_LOST = "node_lost"
+    """A node of the job silent (its daemon's target down or its facts stale) past ``[cluster]
+    node_lost_after_s`` while every rank here is frozen in a collective: the node is named."""
     # progress (against a hang)
     STEPS_ADVANCING = "steps_advancing"
     GPUS_WORKING = "gpus_working"

@@ -11,7 +11,7 @@ from typing import Any
 
 from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.findings import Finding
-from gpu_triage.model.health import UNKNOWN_HEALTH, NodeHealth
+from gpu_triage.model.health import UNKNOWN_HEALTH, Blame, NodeHealth
 from gpu_triage.model.states import GpuState, Mode, Verdict
 
 
@@ -82,6 +82,9 @@ class JobStatus:
     """Every signal's statement this cycle (stored here only; the evidence's JSON lists them)."""
     detector_error: str | None = None
     """Why the detector could not judge the job this cycle (its verdict is the last one kept)."""
+    blame: Blame | None = None
+    """Whom the verdict blames (:class:`~gpu_triage.model.health.Blame`): ``node`` for a node of the
+    job lost (cause ``node <name> lost``); None where nothing says."""
 
     def evidence_dict(self) -> dict[str, Any]:
         """The evidence as JSON (REST ``/status``, alerts, logs, the event store): keys in
@@ -132,7 +135,7 @@ class Snapshot:
     CPU spend over the last minute against its budget, dump counters."""
     fleet: tuple[Any, ...] = ()
     """This node's facts about each job's ranks, for the other nodes (gpu_watchdog_fleet_* series):
-    :class:`gpu_triage.signals.fleet.facts.JobFacts` values (typed there: the model layer is below it)."""
+    :class:`gpu_triage.signals.fleet.facts.NodeJobFacts` values (typed there: the model layer is below it)."""
     cluster: dict[str, Any] = field(default_factory=dict)
     """The reader of other nodes' facts ([cluster]): Prometheus URL, queries, last error."""
     signals: dict[str, Any] = field(default_factory=dict)

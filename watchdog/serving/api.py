@@ -241,7 +241,8 @@ class StatusDoc(_Doc):
     cluster: dict[str, Any] = Field(
         default_factory=dict,
         description="Other nodes' facts from Prometheus ([cluster]): prometheus_url (null: per-node only), "
-        "queries_total, errors_total, last_error; per job, evidence.fleet says what they completed or "
+        "queries_total, errors_total, last_error, job_rules and last_source (rules: the recording rules' "
+        "aggregates, facts: every node's raw facts); per job, evidence.fleet says what they completed or "
         "vetoed, or why they are unknown (fallback: per-node judgment)",
     )
     signals: dict[str, Any] = Field(

@@ -108,10 +108,20 @@ class FleetGroupDoc(_Doc):
     count: int
 
 
+class FleetSplitDoc(_Doc):
+    phase_ranks: list[FleetOddDoc] = Field(description="ranks waiting in a save's or an eval's collective")
+    step_ranks: list[FleetOddDoc] = Field(description="ranks frozen inside a training step")
+
+
+class FleetLostDoc(_Doc):
+    node: str
+    last_facts: float = Field(description="when the node's last facts were taken (epoch seconds)")
+
+
 class FleetDoc(_Doc):
     """What the other nodes' facts said about the job's world ([cluster]; docs/cluster.md)."""
 
-    state: Literal["unknown", "incomplete", "complete", "veto"]
+    state: Literal["unknown", "incomplete", "complete", "veto", "node_lost"]
     reason: str
     nodes: list[str]
     stale_nodes: list[str]
@@ -122,6 +132,13 @@ class FleetDoc(_Doc):
     age_s: float | None = Field(description="age of the oldest remote fact used")
     veto: str | None = Field(default=None, description="why another node's facts veto a hang")
     fallback: str | None = Field(default=None, description="set when the node judges alone")
+    split: FleetSplitDoc | None = Field(
+        default=None, description="the world split between a save's/eval's collective and a training step"
+    )
+    lost: list[FleetLostDoc] | None = Field(default=None, description="the nodes lost (state node_lost)")
+    source: Literal["rules"] | None = Field(
+        default=None, description="rules: judged from the recording rules' aggregates ([cluster] job_rules)"
+    )
 
 
 class EvidenceDoc(_Doc):

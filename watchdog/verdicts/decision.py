@@ -53,7 +53,7 @@ def decide(
         )
         if mem.verdict in (Verdict.DEADLOCK_SUSPECTED, Verdict.DEADLOCK_CONFIRMED) and mem.onset:
             onset = mem.onset
-        return Decision(verdict, onset, None, hang.signals, kill_worthy=True)
+        return Decision(verdict, onset, hang.cause, hang.signals, kill_worthy=True)
     mem.hang_since = None
     return not_hung(now, job, mem, f, cfg, gpu_unknown_since)
 

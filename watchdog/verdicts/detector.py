@@ -61,11 +61,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gpu_triage.model.health import Blame
 from gpu_triage.model.snapshot import JobStatus, RankStatus
 from gpu_triage.model.states import GpuState, Verdict
+from gpu_triage.signals.fleet.fusion import FleetState
 from gpu_triage.verdicts.budgets import fast_budget_s
 from gpu_triage.verdicts.decision import decide
-from gpu_triage.verdicts.facts import job_facts
+from gpu_triage.verdicts.facts import Decision, JobFacts, job_facts
 from gpu_triage.verdicts.job_evidence import job_evidence, job_findings
 from gpu_triage.verdicts.memory import JobMemory, export_jobs, learn, restore_jobs
 from gpu_triage.verdicts.settings import DetectorConfig
@@ -184,10 +186,19 @@ class Detector:
             cause=decision.cause,
             kill_worthy=decision.kill_worthy,
             findings=tuple(findings),
+            blame=_blame(facts, decision),
         )
 
 
 __all__ = ["Detector"]
+
+
+def _blame(facts: JobFacts, decision: Decision) -> Blame | None:
+    """A node of the job lost (K7) blames that node: drain it, the job's code is not at fault."""
+    fl = facts.fleet
+    if decision.kill_worthy and fl is not None and fl.state is FleetState.NODE_LOST:
+        return Blame.NODE
+    return None
 
 
 def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:

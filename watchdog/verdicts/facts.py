@@ -178,7 +178,24 @@ def _fleet(
         cfg=cfg.fusion(),
     )
     if fleet.stacks_complete and sf is not None:
-        sf = dataclasses.replace(sf, complete=True, odd=fleet.odd_ranks())
+        if fleet.split:  # the world is split across nodes: this node's ranks are one side or both
+            in_phase = set(sf.pattern.in_phase_collective)
+            sf = dataclasses.replace(
+                sf,
+                complete=True,
+                frozen=False,
+                frozen_since=None,
+                split=True,
+                split_ranks=tuple(r for r in sf.pattern.sampled if r in in_phase),
+                step_ranks=tuple(r for r in sf.pattern.sampled if r not in in_phase),
+                split_since=fleet.frozen_since,
+                odd=fleet.odd_ranks(),
+            )
+        else:
+            since = sf.frozen_since if sf.frozen_since is not None else fleet.frozen_since
+            sf = dataclasses.replace(
+                sf, complete=True, frozen=True, frozen_since=since, odd=fleet.odd_ranks()
+            )
     return sf, fleet
 
 

@@ -1,4 +1,4 @@
-"""The hang rules K1-K6 (docs/detector.md): positive proof of a hang, the only class of verdict that can
+"""The hang rules K1-K7 (docs/detector.md): positive proof of a hang, the only class of verdict that can
 lead to a kill. Each rule is a pure function of the job's view and facts, the settings and its learned
 step timing, and returns a :class:`Hang` (onset and signals) or None; :func:`hung` tries them in order.
 :func:`vetoed` says the evidence against a hang."""
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from gpu_triage.model.findings import Signal
 from gpu_triage.model.states import GpuState
 from gpu_triage.signals.fleet.fusion import FleetState
-from gpu_triage.signals.stacks.stack_facts import asleep_long_enough
+from gpu_triage.signals.stacks.stack_facts import StackFacts, asleep_long_enough
 from gpu_triage.verdicts.budgets import fast_budget_s
 from gpu_triage.verdicts.facts import JobFacts
 from gpu_triage.verdicts.settings import DetectorConfig
@@ -24,6 +24,8 @@ class Hang:
 
     onset: float
     signals: tuple[str, ...]
+    cause: str | None = None
+    """Said with the verdict when the proof names one (``node <name> lost``)."""
 
 
 def vetoed(f: JobFacts, *, asymmetric: bool = False, stacks: bool = False) -> str | None:
@@ -56,7 +58,7 @@ def hung(
     timing: StepTiming,
     save_seen_at: float | None,
 ) -> Hang | None:
-    """Positive proof of a hang (K1-K6), or None."""
+    """Positive proof of a hang (K1-K7), or None."""
     spun = (
         vetoed(f) is None
         and f.spin_strong
@@ -79,6 +81,7 @@ def hung(
         or k5_asymmetric(f, cfg, timing, asym=asym)
         or k3_broken_lease(now, f, cfg, timing, spun=spun, asym=asym)
         or k6_stacks(now, job, f, cfg, timing, spun=spun)
+        or k7_node_lost(now, job, f, cfg, timing, spun=spun)
         or k4_power_only(now, job, f, cfg, save_seen_at, spun=spun)
     )
 
@@ -166,23 +169,60 @@ def k6_stacks(
         signals = [str(Signal.STACKS_PHASE_SPLIT)]
     if f.fleet is not None and f.fleet.stacks_complete:
         signals.append(str(Signal.REMOTE_COMPLETE))
-    onset = since
+    second = _second_signal(now, job, f, cfg, timing, sf, spun=spun)
+    if second is None:
+        return None
+    signal, frozen_since = second
+    onset = since if frozen_since is None else min(since, frozen_since)
+    return Hang(onset, (*signals, signal, str(Signal.NO_WRITES)))
+
+
+def k7_node_lost(
+    now: float, job: JobView, f: JobFacts, cfg: DetectorConfig, timing: StepTiming, *, spun: bool
+) -> Hang | None:
+    """K7: a node of the job lost - silent (its daemon's target down, its facts stale) past
+    ``node_lost_after_s`` while the other nodes report every rank frozen (gpu_triage.signals.fleet) -
+    + every rank here frozen in a collective + this node's second signal (as K6). The onset is when
+    the node went silent; the cause names it. A node whose daemon alone stopped while the job moves
+    never gets here: this node's ranks would not be frozen."""
+    fl, sf = f.fleet, f.stacks
+    if fl is None or fl.state is not FleetState.NODE_LOST or sf is None or not sf.frozen:
+        return None
+    if sf.unsampled or vetoed(f, stacks=True) is not None or any(r.alive is False for r in job.ranks):
+        return None
+    lost_since = fl.lost_since()
+    second = _second_signal(now, job, f, cfg, timing, sf, spun=spun)
+    if second is None or lost_since is None:
+        return None
+    names = ", ".join(n for n, _ in fl.lost[:4]) + (f" (+{len(fl.lost) - 4})" if len(fl.lost) > 4 else "")
+    signals = (str(Signal.NODE_LOST), str(Signal.STACKS_FROZEN), second[0], str(Signal.NO_WRITES))
+    return Hang(lost_since, signals, cause=f"node {names} lost")
+
+
+def _second_signal(
+    now: float,
+    job: JobView,
+    f: JobFacts,
+    cfg: DetectorConfig,
+    timing: StepTiming,
+    sf: StackFacts,
+    *,
+    spun: bool,
+) -> tuple[str, float | None] | None:
+    """The signal besides frozen stacks that K6 and K7 need (and, for frozen steps, since when)."""
     if job.has_progress:
         if not (f.train and f.frozen_since is not None):
             return None
         if f.frozen_s < fast_budget_s(cfg, f, timing, remote=False):
             return None
-        signals.append(str(Signal.STEPS_FROZEN))
-        onset = min(onset, f.frozen_since)
-    elif spun:
-        signals.append(str(Signal.SPIN_BAND))
-    elif _ras_frozen(now, job, cfg):
-        signals.append(str(Signal.NCCL_COUNTS_FROZEN))
-    elif asleep_long_enough(sf, now, cfg.stacks):
-        signals.append(str(Signal.RANKS_ASLEEP))
-    else:
-        return None
-    return Hang(onset, (*signals, str(Signal.NO_WRITES)))
+        return str(Signal.STEPS_FROZEN), f.frozen_since
+    if spun:
+        return str(Signal.SPIN_BAND), None
+    if _ras_frozen(now, job, cfg):
+        return str(Signal.NCCL_COUNTS_FROZEN), None
+    if asleep_long_enough(sf, now, cfg.stacks):
+        return str(Signal.RANKS_ASLEEP), None
+    return None
 
 
 def k4_power_only(

@@ -179,9 +179,13 @@ def fleet_findings(fl: FleetEvidence | None) -> list[Finding]:
         return [progress(Signal.REMOTE_VETO, fl.reason)]
     if fl.state is FleetState.UNKNOWN:
         return [context(Signal.REMOTE_UNKNOWN, f"{fl.reason}: this node's own judgment only")]
+    if fl.state is FleetState.NODE_LOST:
+        return [hang(Signal.NODE_LOST, fl.reason, fl.lost_since())]
     if fl.stacks_complete:
         odd = f"; odd: {fl.named_odd()}" if fl.odd else ""
-        detail = f"every rank of the world frozen, on {len(fl.nodes) + 1} nodes{odd}"
+        how = "split between a save's or an eval's collective and a training step" if fl.split else "frozen"
+        nodes = fl.node_count if fl.node_count is not None else len(fl.nodes) + 1
+        detail = f"every rank of the world {how}, on {nodes} nodes{odd}"
         return [hang(Signal.REMOTE_COMPLETE, detail, fl.frozen_since, ranks=fl.odd_ranks())]
     if fl.state is FleetState.COMPLETE:
         return [hang(Signal.REMOTE_COMPLETE, fl.reason, fl.remote_frozen_since)]

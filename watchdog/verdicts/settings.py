@@ -105,11 +105,19 @@ class DetectorConfig:
         ClusterConfig().stale_after_s,
         doc="other nodes' facts older than this are unknown ([cluster] stale_after_s)",
     )
+    fleet_node_lost_after_s: float = derived(
+        ClusterConfig().node_lost_after_s,
+        doc="a node of the job silent this long is lost ([cluster] node_lost_after_s)",
+    )
 
     def fusion(self) -> FusionConfig:
         """The fleet rule's settings, from ``[cluster]`` and ``[stacks]``."""
         return FusionConfig(
-            stale_after_s=self.fleet_stale_after_s, frozen_s=self.stacks.frozen_s, fresh_s=self.stacks.fresh_s
+            stale_after_s=self.fleet_stale_after_s,
+            frozen_s=self.stacks.frozen_s,
+            fresh_s=self.stacks.fresh_s,
+            min_samples=self.stacks.min_samples,
+            node_lost_after_s=self.fleet_node_lost_after_s,
         )
 
     def timing(self) -> TimingConfig:

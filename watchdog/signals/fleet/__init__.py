@@ -6,6 +6,7 @@ Prometheus, and the pure rule that lets them complete or veto this node's own ev
 - :mod:`~gpu_triage.signals.fleet.exposition`: those facts as ``gpu_watchdog_fleet_*`` series;
 - :mod:`~gpu_triage.signals.fleet.prom_client`: a bounded client for Prometheus's query API;
 - :mod:`~gpu_triage.signals.fleet.remote`: a query's answer as the other nodes' facts;
+- :mod:`~gpu_triage.signals.fleet.summary`: the recording rules' aggregates of one job (linear at scale);
 - :mod:`~gpu_triage.signals.fleet.fusion`: the rule (pure);
 - :mod:`~gpu_triage.signals.fleet.poller`: the daemon's background reader (off the cycle thread).
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_triage.model.config_checks import integer, number, optional_http_url
+from gpu_triage.model.config_checks import choice, integer, number, optional_http_url
 from gpu_triage.model.config_schema import setting
 
 
@@ -24,6 +24,18 @@ class ClusterConfig:
     )
     stale_after_s: float = setting(
         15.0, parse=number(1, 3600), doc="another node's facts older than this are unknown"
+    )
+    job_rules: str = setting(
+        "auto",
+        parse=choice("auto", "on", "off"),
+        doc="read each job's aggregates from the gpu-watchdog-job recording rules (the answer's size "
+        "independent of the job's); auto: the raw facts where the rules do not run",
+    )
+    node_lost_after_s: float = setting(
+        60.0,
+        parse=number(5, 3600),
+        doc="a node of the job silent this long (target down or facts stale), every rank here frozen in a "
+        "collective: the job is kill-worthy, cause 'node <name> lost'",
     )
 
 

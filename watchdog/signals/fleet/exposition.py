@@ -16,7 +16,7 @@ series                                                          value
 ``fleet_verdict_onset_timestamp_seconds{training_job,fleet_node}``    the node verdict's onset
 ``fleet_kill_worthy{training_job,fleet_node}``                        1 when the node's verdict is kill-worthy
 ``fleet_io_active{training_job,fleet_node,io}``                       1 while the node's ranks write / read
-``fleet_rank_stack_since_timestamp_seconds{...,rank,phase,where}``  since when the stack is unchanged
+``fleet_rank_stack_since_timestamp_seconds{...,rank,phase,where,collective}``  since when unchanged
 ``fleet_rank_stack_sampled_timestamp_seconds{...,rank}``        when the latest stack was taken
 ``fleet_rank_step{...,rank}``                                   the rank's optimizer step
 ``fleet_rank_step_changed_timestamp_seconds{...,rank}``         when it last changed
@@ -24,8 +24,14 @@ series                                                          value
 ``fleet_rank_spin_since_timestamp_seconds{...,rank}``           since when its GPU spins (absent: not)
 ==============================================================  =====================================
 
-A rank's stack is *frozen* for ``stack_sampled - stack_since`` seconds and *in a collective* when
-its ``phase`` label is ``collective``.
+A rank's stack is *frozen* for ``stack_sampled - stack_since`` seconds. Its ``phase`` label says
+where it is (``collective``: a training step's collective; ``checkpoint``/``eval``: inside a save or
+an eval; ``forward``...), its ``collective`` label the collective it blocks in whatever the phase
+(empty: none). A rank in ``phase="checkpoint"`` with a ``collective`` waits for the others inside the
+save; with none it does the save's own work (serialising, writing). Writes are measured per node
+(``io_active``), not per rank: a node's writes are attributed to its ranks outside any collective (the
+ones that can be writing), and to the node as a whole when every rank of it waits in a collective;
+either way a writing node is a healthy save in progress for the job-wide rule.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from collections.abc import Iterable, Iterator
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, JobFacts
+from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, NodeJobFacts
 
 METRIC_NAMES: dict[str, str] = {
     PREFIX + name: "gauge"
@@ -63,7 +69,7 @@ def _ok(value: float | int | None) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def fleet_metrics(facts: Iterable[JobFacts]) -> Iterator[Metric]:
+def fleet_metrics(facts: Iterable[NodeJobFacts]) -> Iterator[Metric]:
     """The fleet families for one snapshot's job facts (pure)."""
 
     def g(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
@@ -77,10 +83,12 @@ def fleet_metrics(facts: Iterable[JobFacts]) -> Iterator[Metric]:
     io = g("io_active", "1 while this node's ranks of the job write (io=write) or read (io=read).", "io")
     stack = g(
         "rank_stack_since_timestamp_seconds",
-        "Since when the rank's Python stack has not changed; phase and where (call site) in labels.",
+        "Since when the rank's Python stack has not changed; phase, where (call site) and the collective"
+        " it blocks in (empty: none) in labels.",
         "rank",
         "phase",
         "where",
+        "collective",
     )
     sampled = g("rank_stack_sampled_timestamp_seconds", "When the rank's latest stack was taken.", "rank")
     step = g("rank_step", "The rank's optimizer step (progress files).", "rank")
@@ -104,7 +112,7 @@ def fleet_metrics(facts: Iterable[JobFacts]) -> Iterator[Metric]:
             rl = [*base, str(r.rank)]
             since, taken = _ok(r.stack_same_since), _ok(r.stack_sampled_at)
             if r.stack_phase is not None and since is not None and taken is not None:
-                stack.add_metric([*rl, r.stack_phase, r.stack_where or ""], since)
+                stack.add_metric([*rl, r.stack_phase, r.stack_where or "", r.stack_collective or ""], since)
                 sampled.add_metric(rl, taken)
             if r.step is not None:
                 step.add_metric(rl, float(r.step))

@@ -27,6 +27,12 @@ NODE_LABEL = "fleet_node"
 scrape config sets per target (a scraped ``node`` would become ``exported_node``)."""
 MAX_WHERE_CHARS = 160
 """A stack's call-site label is cut to this length (a label value, bounded)."""
+MAX_COLLECTIVE_CHARS = 64
+"""A stack's collective label is cut to this length."""
+
+
+SAVE_OR_EVAL = frozenset({"checkpoint", "eval"})
+"""Stack phases (and progress phases) of a save or an eval."""
 
 
 class RankLike(Protocol):
@@ -68,6 +74,11 @@ class RankFacts:
     """Since when the rank's stack has not changed (the first dump showing it)."""
     stack_sampled_at: float | None = None
     """When the latest dump was taken."""
+    stack_collective: str | None = None
+    """The collective the rank's stack blocks in, whatever its phase (``barrier``,
+    ``all_gather_into_tensor``...), None when it blocks in none. A rank inside a save or an eval
+    *and* in a collective waits for the others there; one inside a save outside any collective is
+    doing the save's work (serialising, writing): a healthy save in progress."""
     step: int | None = None
     step_changed_at: float | None = None
     phase: str | None = None
@@ -75,6 +86,10 @@ class RankFacts:
     phase_since: float | None = None
     spin_since: float | None = None
     """Since when the rank's GPU has been in the spin band (None: not spinning, or no GPU)."""
+
+    def in_phase_io(self) -> bool:
+        """Inside a save or an eval and in no collective: doing the save's or the eval's own work."""
+        return self.stack_phase in SAVE_OR_EVAL and not self.stack_collective
 
     def stack_frozen_s(self) -> float:
         if self.stack_sampled_at is None or self.stack_same_since is None:
@@ -88,7 +103,7 @@ class RankFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class JobFacts:
+class NodeJobFacts:
     """What one node knows about one job at one time."""
 
     job: str
@@ -119,7 +134,7 @@ def local_facts(
     reading: bool,
     gpu_spin_since: Mapping[int, float],
     fresh_s: float,
-) -> JobFacts:
+) -> NodeJobFacts:
     """This node's facts about one job. ``ranks``: the detector's
     :class:`~gpu_triage.detector.RankView` values; ``writing``/``reading``: the job's ranks wrote or
     read past the detector's thresholds recently; ``gpu_spin_since``: GPU index -> since when it has been in
@@ -152,13 +167,14 @@ def local_facts(
                 stack_where=group_key(s.info)[:MAX_WHERE_CHARS],
                 stack_same_since=s.same_since if s.samples > 1 else s.sampled_at,
                 stack_sampled_at=s.sampled_at,
+                stack_collective=(s.info.collective or None) and s.info.collective[:MAX_COLLECTIVE_CHARS],
                 step=base.step,
                 step_changed_at=base.step_changed_at,
                 phase=base.phase,
                 phase_since=base.phase_since,
                 spin_since=base.spin_since,
             )
-    return JobFacts(
+    return NodeJobFacts(
         job=job,
         node=node,
         time=now,
@@ -181,4 +197,12 @@ def spin_since_by_gpu(gpus: Iterable[GpuLike]) -> dict[int, float]:
     return out
 
 
-__all__ = ["JOB_LABEL", "NODE_LABEL", "PREFIX", "JobFacts", "RankFacts", "local_facts", "spin_since_by_gpu"]
+__all__ = [
+    "JOB_LABEL",
+    "NODE_LABEL",
+    "PREFIX",
+    "NodeJobFacts",
+    "RankFacts",
+    "local_facts",
+    "spin_since_by_gpu",
+]

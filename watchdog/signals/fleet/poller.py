@@ -18,8 +18,13 @@ from typing import Any
 from gpu_triage.signals.fleet.config import ClusterConfig
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError
 from gpu_triage.signals.fleet.remote import RemoteFacts, job_query, remote_facts
+from gpu_triage.signals.fleet.summary import job_summary, summary_query
 
 log = logging.getLogger("gpu_watchdog.fleet")
+
+
+RULES_RETRY_S = 600.0
+"""``auto`` found no recording rules: read the raw facts for this long before asking the rules again."""
 
 
 class FleetPoller:
@@ -51,6 +56,8 @@ class FleetPoller:
         self.errors_total = 0
         self.last_query_s = 0.0
         self.last_error: str | None = None
+        self.last_source: str | None = None
+        self._no_rules_until = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -103,15 +110,31 @@ class FleetPoller:
         assert self._client is not None
         t0 = time.monotonic()
         try:
-            result = self._client.query(job_query(job))
-            facts = remote_facts(
-                job,
-                result.samples,
-                own_node=self.node,
-                asked_at=self.clock(),
-                query_s=result.seconds,
-                size=result.bytes,
-            )
+            facts = None
+            mode = self.config.job_rules
+            if mode == "on" or (mode == "auto" and time.monotonic() >= self._no_rules_until):
+                result = self._client.query(summary_query(job))
+                summary = job_summary(
+                    job, result.samples, now=self.clock(), stale_after_s=self.config.stale_after_s
+                )
+                if summary is not None:
+                    facts = RemoteFacts(
+                        job, self.clock(), query_s=result.seconds, bytes=result.bytes, summary=summary
+                    )
+                elif mode == "on":
+                    raise PromError("no gpu-watchdog-job recording rules for the job (job_rules = on)")
+                else:
+                    self._no_rules_until = time.monotonic() + RULES_RETRY_S
+            if facts is None:
+                result = self._client.query(job_query(job))
+                facts = remote_facts(
+                    job,
+                    result.samples,
+                    own_node=self.node,
+                    asked_at=self.clock(),
+                    query_s=result.seconds,
+                    size=result.bytes,
+                )
             error = None
         except PromError as e:
             facts = RemoteFacts(job, self.clock(), error=str(e), query_s=time.monotonic() - t0)
@@ -128,6 +151,7 @@ class FleetPoller:
                     log.warning("Prometheus query for job %s: %s (per-node judgment)", job, error)
                 self.errors_total += 1
             self.last_error = error
+            self.last_source = "rules" if facts.summary is not None else "facts" if error is None else None
             self._latest[job] = facts
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
@@ -158,6 +182,8 @@ class FleetPoller:
                 "errors_total": self.errors_total,
                 "last_query_s": round(self.last_query_s, 4),
                 "last_error": self.last_error,
+                "job_rules": self.config.job_rules,
+                "last_source": self.last_source,
             }
 
 

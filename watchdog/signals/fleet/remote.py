@@ -1,7 +1,7 @@
 """Other nodes' facts about one job, read back from Prometheus (pure parsing; the query is the client's).
 
 :func:`job_query` is the one selector the daemon sends per job; :func:`remote_facts` turns its
-answer into one :class:`~gpu_triage.signals.fleet.facts.JobFacts` per other node. What the answer cannot
+answer into one :class:`~gpu_triage.signals.fleet.facts.NodeJobFacts` per other node. What the answer cannot
 be trusted for is said, never guessed: a sample with a bad label is skipped and counted, and the
 caller (:mod:`gpu_triage.signals.fleet.fusion`) decides staleness and completeness with the time passed in.
 """
@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, JobFacts, RankFacts
+from gpu_triage.signals.fleet.facts import JOB_LABEL, NODE_LABEL, PREFIX, NodeJobFacts, RankFacts
 
 MAX_RANK = 1 << 20
 """A rank label above this is refused (no job has a million ranks)."""
@@ -29,9 +29,64 @@ class Sample:
     """The sample's time as Prometheus evaluated it (epoch seconds)."""
 
 
+LAST_SEEN = PREFIX + "last_facts_timestamp_seconds"
+"""The name :func:`job_query` gives each node's latest facts time over the lookback (not exported
+by any daemon: computed by the query, so a node whose series vanished - its target down - is still
+seen, with the time it went silent)."""
+LOOKBACK_S = 900
+"""How far back :func:`job_query` looks for nodes of the job that went silent."""
+
+
 def job_query(job: str) -> str:
-    """Every fleet series of one job, from every node (``training_job`` quoted safely)."""
-    return f'{{__name__=~"{PREFIX}.+",{JOB_LABEL}={json.dumps(job)}}}'
+    """Every fleet series of one job, from every node (``training_job`` quoted safely), and each
+    node's latest facts time over the last :data:`LOOKBACK_S` (as :data:`LAST_SEEN`): a node whose
+    daemon, scrape or whole machine stopped has no current series but still a last time."""
+    sel = f"{JOB_LABEL}={json.dumps(job)}"
+    last = (
+        f"max by ({JOB_LABEL}, {NODE_LABEL}) "
+        f"(max_over_time({PREFIX}facts_timestamp_seconds{{{sel}}}[{LOOKBACK_S}s]))"
+    )
+    return f'{{__name__=~"{PREFIX}.+",{sel}}} or label_replace({last}, "__name__", "{LAST_SEEN}", "", "")'
+
+
+@dataclass(frozen=True, slots=True)
+class StackGroup:
+    """Ranks whose stacks wait at the same place, across the world."""
+
+    where: str
+    phase: str
+    collective: bool
+    count: int
+    frozen_min_s: float
+    """The least time any of them has been unchanged (as each node last sampled it)."""
+    since_max: float | None
+    sampled_min: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """What the rules say about one job's whole world (this node's ranks included)."""
+
+    nodes: int
+    world_size: int | None
+    oldest_facts: float | None
+    ranks_reported: int
+    rank_reports: int
+    groups: tuple[StackGroup, ...]
+    odd: tuple[tuple[str, int], ...]
+    silent: tuple[tuple[str, float], ...]
+    """(node, its last facts) of the nodes of the job silent past ``stale_after_s``."""
+    writing: tuple[str, ...]
+    reading: tuple[str, ...]
+    save_work: tuple[tuple[str, int, str], ...]
+    """(node, rank, phase) of ranks inside a save or an eval in no collective."""
+    checkpoint_nodes: tuple[str, ...]
+    announced: tuple[tuple[str, int, str], ...]
+    """(node, rank, phase) of ranks that announced a save or an eval (progress files)."""
+    train_ranks: int = 0
+    spinning_ranks: int = 0
+    spin_since_max: float | None = None
+    active_since_max: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +96,7 @@ class RemoteFacts:
     job: str
     asked_at: float
     """When the answer came (epoch seconds)."""
-    nodes: tuple[JobFacts, ...] = ()
+    nodes: tuple[NodeJobFacts, ...] = ()
     """One per other node that exported facts for the job."""
     error: str | None = None
     """Why there is no answer (Prometheus unreachable, too slow, too large, malformed)."""
@@ -51,6 +106,12 @@ class RemoteFacts:
     bytes: int = 0
     asked: bool = True
     """False: no query was sent (the job has not been suspicious since the daemon started)."""
+    last_seen: tuple[tuple[str, float], ...] = ()
+    """(node, its latest facts time) for every other node that reported on the job within the query's
+    lookback, whether its series are current or vanished (a node gone silent)."""
+    summary: JobSummary | None = None
+    """The job's world as the recording rules compute it (``[cluster] job_rules``): then ``nodes`` is
+    empty and the rule judges the aggregates (:mod:`gpu_triage.signals.fleet.summary`)."""
 
 
 @dataclass
@@ -84,6 +145,7 @@ def remote_facts(
 ) -> RemoteFacts:
     """Samples of :func:`job_query` -> the other nodes' facts (this node's own series are left out)."""
     nodes: dict[str, _Node] = {}
+    seen: dict[str, float] = {}
     skipped = 0
     for s in samples:
         labels = s.labels
@@ -98,6 +160,9 @@ def remote_facts(
             skipped += 1
             continue
         if node == own_node:
+            continue
+        if name == LAST_SEEN:
+            seen[node[:253]] = max(s.value, seen.get(node[:253], s.value))
             continue
         n = nodes.setdefault(node, _Node())
         key = name[len(PREFIX) :]
@@ -127,6 +192,7 @@ def remote_facts(
             r["stack_phase"] = labels.get("phase", "other")[:32]
             r["stack_where"] = labels.get("where", "")[:160]
             r["stack_same_since"] = s.value
+            r["stack_collective"] = labels.get("collective", "")[:64] or None
         elif key == "rank_stack_sampled_timestamp_seconds":
             r["stack_sampled_at"] = s.value
         elif key == "rank_step" and 0 <= s.value < 2**53:
@@ -148,7 +214,7 @@ def remote_facts(
             rf = RankFacts(rank=rank)
             ranks.append(replace(rf, **values))  # type: ignore[arg-type]
         out.append(
-            JobFacts(
+            NodeJobFacts(
                 job=job,
                 node=node[:253],
                 time=n.time,
@@ -161,7 +227,20 @@ def remote_facts(
                 ranks=tuple(ranks),
             )
         )
-    return RemoteFacts(job, asked_at, tuple(out), None, skipped, query_s, size)
+    for f in out:  # a node's current facts are seen too (an answer without the lookback part)
+        seen[f.node] = max(f.time, seen.get(f.node, f.time))
+    return RemoteFacts(
+        job, asked_at, tuple(out), None, skipped, query_s, size, last_seen=tuple(sorted(seen.items()))
+    )
 
 
-__all__ = ["RemoteFacts", "Sample", "job_query", "remote_facts"]
+__all__ = [
+    "LAST_SEEN",
+    "LOOKBACK_S",
+    "JobSummary",
+    "RemoteFacts",
+    "Sample",
+    "StackGroup",
+    "job_query",
+    "remote_facts",
+]

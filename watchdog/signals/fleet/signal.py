@@ -11,8 +11,17 @@ from gpu_triage.signals.fleet.config import ClusterConfig
 from gpu_triage.signals.fleet.poller import FleetPoller
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.signal import Contribution, JobSight, SignalEnv, register
-from gpu_triage.signals.stacks.dumps import StackSummary
-from gpu_triage.signals.stacks.signal import waiting_in_collective
+from gpu_triage.signals.stacks.dumps import StackPhase, StackSummary
+
+
+def _waits_in_a_collective(summary: object) -> bool:
+    """A rank's stack sat in a collective across more than one dump, whatever its phase: a training
+    step's, or one inside a save or an eval (alone a save here; with another node's facts maybe the
+    split deadlock), so the other nodes' facts are worth asking for."""
+    return isinstance(summary, StackSummary) and any(
+        s.samples > 1 and (s.info.phase is StackPhase.COLLECTIVE or s.info.collective is not None)
+        for s in summary.ranks.values()
+    )
 
 
 @register("fleet", section="cluster", status_path=("cluster",), reads=("stacks",))
@@ -32,7 +41,7 @@ class FleetSignal:
                 world = stacks.world_size
             if world is None or world <= j.ranks_here:
                 continue
-            self.poller.request(now, j.job, waiting_in_collective(stacks) or j.suspect)
+            self.poller.request(now, j.job, _waits_in_a_collective(stacks) or j.suspect)
             remote = self.poller.latest(j.job)
             if remote is None:
                 remote = RemoteFacts(

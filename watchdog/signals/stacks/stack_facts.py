@@ -197,13 +197,14 @@ def stack_findings(now: float, sf: StackFacts | None, cfg: StacksConfig) -> list
             missing = f"{len(sf.pattern.sampled)} of {sf.world_size if sf.world_size is not None else '?'}"
             out.append(context(Signal.NO_STACKS, f"stacks of {missing} ranks: others may be saving unseen"))
     if sf.split:
-        phases = sorted({str(sf.summary.ranks[r].info.phase) for r in sf.split_ranks})
+        # with other nodes' facts (a split across nodes) either side may have no rank here
+        phases = sorted({str(sf.summary.ranks[r].info.phase) for r in sf.split_ranks}) or ["a save or eval"]
         out.append(
             hang(
                 Signal.STACKS_PHASE_SPLIT,
-                f"ranks {_ranks(sf.split_ranks)} wait in a collective inside {'/'.join(phases)} while "
-                f"ranks {_ranks(sf.step_ranks)} are frozen inside a training step, every stack unchanged "
-                f"for >= {cfg.frozen_s:.0f} s: {where(sf)}",
+                f"ranks {_ranks(sf.split_ranks) or '(none here)'} wait in a collective inside "
+                f"{'/'.join(phases)} while ranks {_ranks(sf.step_ranks) or '(none here)'} are frozen inside "
+                f"a training step, every stack unchanged for >= {cfg.frozen_s:.0f} s: {where(sf)}",
                 sf.split_since,
                 ranks=sf.split_ranks,
             )
