@@ -151,6 +151,7 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
             ],
         ),
         "cluster.stale_after_s": ("22.5", [(lambda b: det(b).fleet_stale_after_s, 22.5)]),
+        "cluster.node_lost_after_s": ("90.0", [(lambda b: det(b).fleet_node_lost_after_s, 90.0)]),
         "events.retention_days": ("7.0", [(lambda b: b.daemon.store.retention_s, 7 * 86400.0)]),
         "events.max_bytes": ("2097152", [(lambda b: b.daemon.store.max_bytes, 2097152)]),
         "events.prune_interval_s": ("60.0", [(lambda b: b.daemon.store.prune_interval_s, 60.0)]),
@@ -233,6 +234,7 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
         "min_interval_s": "7.5",
         "timeout_s": "4.5",
         "max_response_bytes": "1048576",
+        "job_rules": '"off"',
     }
     for key, value in fleet.items():
         out[f"cluster.{key}"] = (
