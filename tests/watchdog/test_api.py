@@ -19,10 +19,11 @@ from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.snapshot import Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
-from gpu_triage.serving.api import GpuDoc, HealthDoc, StatusDoc, create_app
+from gpu_triage.serving.api import create_app
 from gpu_triage.serving.control import ControlRefused, EventsReader, QueuedControl
 from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.serving.status_doc import GpuDoc, HealthDoc, StatusDoc
 from tests.watchdog.snapshots import T0, snapshot
 
 TOKEN = "tok-3f9c2a7e51d04b8c9a6e"

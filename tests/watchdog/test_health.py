@@ -820,7 +820,9 @@ def test_the_status_documents_node_health_matches_its_openapi_schema() -> None:
     OpenAPI description and the document cannot drift apart."""
     from gpu_triage.model.snapshot import Snapshot
     from gpu_triage.model.states import Mode
-    from gpu_triage.serving.api import NodeHealthDoc, StatusDoc, status_document
+    from gpu_triage.serving.api import status_document
+    from gpu_triage.serving.health_doc import NodeHealthDoc
+    from gpu_triage.serving.status_doc import StatusDoc
 
     book = HealthBook(GPUS)
     book.add_event(HardwareEvent(FaultKind.XID, FaultSource.KERNEL_LOG, 1.0, gpu=3, xid=79))

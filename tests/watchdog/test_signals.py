@@ -17,7 +17,8 @@ from gpu_triage.contract import ProgressWriter
 from gpu_triage.daemon.config import load_config
 from gpu_triage.daemon.loop import Daemon
 from gpu_triage.daemon.observe import Observer, SignalSet
-from gpu_triage.serving.api import StatusDoc, status_document
+from gpu_triage.serving.api import status_document
+from gpu_triage.serving.status_doc import StatusDoc
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.nccl_ras.poller import RasConfig
 from gpu_triage.signals.registry import signal_kinds
@@ -180,7 +181,8 @@ def test_a_signal_cannot_overwrite_what_the_job_is(tmp_path: Path):
 
 def test_signals_run_after_those_whose_facts_they_read():
     names = [k.name for k in signal_kinds()]
-    assert names[0] == "stacks" and {"nccl_ras", "fleet"} <= set(names)
+    assert {"stacks", "nccl_ras", "fleet", "health"} <= set(names)
+    assert names.index("stacks") < names.index("nccl_ras")  # RAS reads the stacks' facts
     register("late", section="ras", reads=("zzz",))(Probe)
     register("zzz", section="ras")(Probe)
     try:
