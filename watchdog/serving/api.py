@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpu_triage import __version__
 from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, SilenceBook
+from gpu_triage.model.health import Blame
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
@@ -80,7 +81,7 @@ GPU_FIELDS = (
     "sm_clock_mhz",
     "read_errors_total",
 )
-JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause")
+JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause", "blame")
 RANK_FIELDS = ("rank", "pid", "gpu", "step", "phase", "lease_until", "alive", "process_status")
 
 
@@ -188,6 +189,10 @@ class JobDoc(_Doc):
     cause: str | None = Field(
         description="What explains the verdict (data_starvation: storage_wait, cpu_contention, loader; "
         "stalled/slow: e.g. waiting_on_other_nodes, lease_expired:eval, asymmetric:gpu 3)"
+    )
+    blame: Blame = Field(
+        description="Whom the verdict blames: job, node (a hardware fault on a job GPU, a node of the job "
+        "lost), network (a fabric fault) or unknown (docs/detector.md, Blame)"
     )
 
 
