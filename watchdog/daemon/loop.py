@@ -52,6 +52,7 @@ from gpu_triage.daemon.state_lock import StateLock
 from gpu_triage.daemon.summary import summary_line
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.clock import Clock, ClockStep, Timeline
+from gpu_triage.model.health import UNKNOWN_HEALTH, HealthLevel, NodeHealth
 from gpu_triage.model.samples import GpuSample, TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
 from gpu_triage.model.states import Mode, Verdict
@@ -91,8 +92,13 @@ class Daemon:
         on_cycle: Callable[[Snapshot], None] | None = None,
         actions: Any | None = None,
         overrides: dict[str, Any] | None = None,
+        node_health: Callable[[float], NodeHealth] | None = None,
     ) -> None:
-        """``overrides``: the command-line values applied over the file (re-applied on reload)."""
+        """``overrides``: the command-line values applied over the file (re-applied on reload).
+        ``node_health``: where the node's hardware health comes from each cycle, as a function of the
+        time (None: healthy) - the seam through which blame, drains and requeues see the hardware until
+        the health signal (``signals/health``, issue 27 part A) fills ``_node_health`` itself; tests
+        inject faults here. Replace with that reader once it is merged."""
         self.config = config
         self.config_path = config_path
         self.overrides = dict(overrides or {})
@@ -112,6 +118,9 @@ class Daemon:
         self.started_at = self.clock()
         self.gpus = make_tracker(config)
         self.detector = Detector(detector_settings(config))
+        self._health_provider = node_health
+        self._node_health: NodeHealth = UNKNOWN_HEALTH
+        """The node's hardware health this cycle: the detector's blame and the engine's drains read it."""
         self.stacks = make_sampler(config, self.clock)
         self.ras = make_ras(config, self.clock)
         self.fleet = make_fleet(config, self.clock)
@@ -316,6 +325,13 @@ class Daemon:
                 gpu=ch.gpu,
             )
         statuses = self.gpus.statuses()
+        if self._health_provider is not None:
+            try:
+                self._node_health = self._health_provider(now)
+            except Exception as e:  # a failed health read is data, never a failed cycle
+                self._node_health = NodeHealth(
+                    level=HealthLevel.HEALTHY, read_errors=(f"{type(e).__name__}: {e}"[:300],)
+                )
         due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
         if due:
             self._last_process_s = now
@@ -330,6 +346,7 @@ class Daemon:
                     gpus=statuses,
                     silences=self.control.silences,
                     progress_dir=cfg.progress.dir,
+                    node_health=self._node_health,
                 )
                 health.actions_ran(self, None)
             except Exception as e:
@@ -380,7 +397,11 @@ class Daemon:
     ) -> tuple[JobStatus, ...]:
         """Every process period: observe the jobs (daemon/observe.py), judge them, record what changed."""
         gviews, jobs = observe.observe(self, now, samples, statuses)
-        results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
+        results = tuple(
+            self.detector.update(
+                now, gviews, jobs, telemetry_ok=self.source.name != "none", node_health=self._node_health
+            )
+        )
         record.persist_episode_state(self, now)
         self._fleet_facts = observe.node_facts(self, now, jobs, results, statuses)
         record.verdict_changes(self, results, now)
