@@ -272,3 +272,46 @@ def test_blame_is_in_the_rest_job_document_and_in_the_evidence():
     from gpu_triage.serving.api import job_document
 
     assert job_document(failed)["blame"] == "node"
+
+
+def test_blame_shows_in_the_status_table_the_timeline_picture_and_the_evidence_report(tmp_path):
+    from gpu_triage.actions.evidence_report import render_report
+    from gpu_triage.cli.status import render
+    from gpu_triage.journal.timeline import build_timeline, timeline_figure
+    from gpu_triage.serving.api import job_document
+
+    out = run(Job(), hang_at(300), 340, lambda t: node(xid79(3)) if t >= 290 else HEALTHY)
+    status = next(s for t, s in out if s.verdict is Verdict.DEADLOCK_CONFIRMED)
+    doc = {"node": "gpu-a17", "time": 340.0, "gpus": [], "jobs": [job_document(status)]}
+    text = render(doc, "http://127.0.0.1:9410")
+    header = next(line for line in text.splitlines() if line.startswith("JOB"))
+    assert "BLAME" in header.split()
+    row = next(line for line in text.splitlines() if line.startswith("ft "))
+    assert "node (GPU 3 Xid 79)" in row, row
+
+    def ev(i, t, kind, **payload):
+        return {"id": i, "time": t, "kind": kind, "job": "ft", "payload": payload}
+
+    events = [
+        ev(1, 100.0, "verdict", to="healthy", blame="job"),
+        ev(2, 305.0, "verdict", to="deadlock_confirmed", onset=300.0, blame="node"),
+        ev(3, 306.0, "action", action="drain", result="started"),
+        ev(4, 307.0, "action", action="requeue", result="ok"),
+    ]
+    tl = build_timeline("ft", [], events, end_s=340.0)
+    assert [(s.verdict, s.blame) for s in tl.spans] == [("healthy", "job"), ("deadlock_confirmed", "node")]
+    assert {m.kind for m in tl.marks} >= {"drain", "requeue"}
+    fig = timeline_figure(tl)
+    gids = {a.get_gid() for ax in fig.axes for a in [*ax.patches, *ax.texts, *ax.lines] if a.get_gid()}
+    assert {"blame:node", "blame_label:node", "verdict:deadlock_confirmed", "mark:drain:verdict"} <= gids, (
+        gids
+    )
+    from gpu_triage.model.jsonable import jsonable
+
+    bundle_status = {"job": jsonable(dataclasses.asdict(status))}  # what captures.py writes
+    page = render_report({"job": "ft", "verdict": "deadlock_confirmed"}, [], bundle_status)
+    assert "<h2>Whom it blames</h2><p><b>node</b>" in page
+    assert "<td>3</td><td>xid</td><td>79</td><td>unhealthy</td><td>node</td><td>drain_node</td>" in page
+    hostile = {"job": {"blame": "<script>", "evidence": {"hardware": [{"kind": "<b>", "gpu": None}, "x"]}}}
+    page = render_report({}, [], hostile)
+    assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;" in page

@@ -85,6 +85,7 @@ def record_verdict(d: Daemon, j: JobStatus, prev: Verdict | None, now: float) ->
             "cause": j.cause,
             "signals": signals,
             "ranks": ranks,
+            "blame": str(j.blame),
         },
         now,
         job=j.job,
@@ -98,6 +99,7 @@ def record_verdict(d: Daemon, j: JobStatus, prev: Verdict | None, now: float) ->
         ranks=list(ranks),
         onset=j.onset,
         kill_worthy=j.kill_worthy,
+        blame=str(j.blame),
     )
 
 
