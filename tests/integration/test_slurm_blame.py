@@ -13,9 +13,11 @@ A requeueable ``sbatch`` job (two simulated ranks writing real progress files, r
   ``deadlock_confirmed`` after the window, blame ``job`` - and cancelled, not refused as a
   deterministic hang (the first hang was the GPU's, never counted against the job).
 
-The fault comes in through the daemon's ``node_health`` seam (the health signal of issue 27 part A
-reads NVML and the kernel log into the same :class:`NodeHealth`; with ``--source none`` it has no GPU
-whose PCI bus id a kernel line could name).
+The fault comes in as a real kernel line in NVIDIA's format (``NVRM: Xid (PCI:0000:19:00): 79, ...``)
+appended to the kernel log file the daemon's health signal follows (``[health] kernel_log_file``, the
+seam the sim and replay sources use), read by the real reader and judged by the real Xid catalog. With
+``--source none`` no GPU has a bus id of its own, so the test gives the health signal the two bus ids
+of the ranks' GPUs (what NVML would list); everything after the map is the daemon's.
 """
 
 from __future__ import annotations
@@ -33,16 +35,7 @@ import pytest
 from gpu_triage.actions.requeue import restarts
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
-from gpu_triage.model.health import (
-    Blame,
-    FaultKind,
-    FaultSource,
-    GpuHealth,
-    HardwareFinding,
-    HealthLevel,
-    NodeHealth,
-    OperatorAction,
-)
+from gpu_triage.signals.health.monitor import HealthMonitor
 from gpu_triage.telemetry.none import NoneSource
 from tests.conftest import REPO
 from tests.integration.slurm_cluster import NODE, SlurmCluster
@@ -50,36 +43,12 @@ from tests.integration.test_slurm import JOB_USER, _job_python, _require_cluster
 
 pytestmark = pytest.mark.slow
 
-HEALTHY = NodeHealth(level=HealthLevel.HEALTHY)
-
-
-class Health:
-    """The node's health as the test sets it (the daemon reads it every cycle)."""
-
-    def __init__(self) -> None:
-        self.value = HEALTHY
-
-    def xid_79_on(self, gpu: int, now: float) -> None:
-        finding = HardwareFinding(
-            kind=FaultKind.XID,
-            level=HealthLevel.UNHEALTHY,
-            blame=Blame.NODE,
-            action=OperatorAction.DRAIN_NODE,
-            detail="Xid 79: GPU has fallen off the bus",
-            source=FaultSource.KERNEL_LOG,
-            gpu=gpu,
-            pci_bus_id=f"00000000:{0x18 + gpu:02X}:00.0",
-            xid=79,
-            first_seen=now,
-            last_seen=now,
-        )
-        self.value = NodeHealth(
-            level=HealthLevel.UNHEALTHY,
-            gpus=(GpuHealth(gpu, finding.pci_bus_id, HealthLevel.UNHEALTHY, (finding,)),),
-        )
-
-    def __call__(self, _now: float) -> NodeHealth:
-        return self.value
+BUS_IDS = [(0, "00000000:18:00.0"), (1, "00000000:19:00.0")]
+"""The two GPUs the ranks run on (``LOCAL_RANK`` 0 and 1) and their PCI bus ids."""
+XID_79 = "NVRM: Xid (PCI:0000:19:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+"""NVIDIA's format of the line (docs/health.md), for GPU 1's bus id."""
+HOLD_S = 45.0
+"""``[health] event_hold_s``: the Xid counts this long after it was seen (the GPU 'replaced' after)."""
 
 
 def test_a_hang_after_an_xid_drains_the_node_and_requeues_the_job_and_its_next_hang_is_the_jobs(monkeypatch):
@@ -104,7 +73,8 @@ def test_a_hang_after_an_xid_drains_the_node_and_requeues_the_job_and_its_next_h
         p.chmod(0o755)
     etc = cluster.base / "hooks"
     etc.mkdir(mode=0o755)
-    health = Health()
+    kernel_log = cluster.base / "kern.log"
+    kernel_log.write_text("")
     daemon = loop = None
     statuses: list[tuple[float, str, str, bool, int]] = []
     try:
@@ -135,10 +105,15 @@ def test_a_hang_after_an_xid_drains_the_node_and_requeues_the_job_and_its_next_h
                 "actions.max_kills_per_hour": 5,
                 "detector.confirm_after_s": 20.0,
                 "stacks.enabled": False,
+                # Only the file: this machine's /dev/kmsg may hold other tests' Xid lines.
+                "health.kernel_log": "off",
+                "health.kernel_log_file": str(kernel_log),
+                "health.event_hold_s": HOLD_S,
             },
             origin="test",
         )
-        daemon = Daemon(config, NoneSource(), node_health=health)
+        daemon = Daemon(config, NoneSource())
+        daemon.health = HealthMonitor(config.health, BUS_IDS)  # what NVML would list for GPUs 0 and 1
         daemon.start()
         loop = threading.Thread(target=daemon.run_forever, daemon=True)
         loop.start()
@@ -168,7 +143,8 @@ def test_a_hang_after_an_xid_drains_the_node_and_requeues_the_job_and_its_next_h
             return name in jobs and sum(1 for r in jobs[name].ranks if r.gpu is not None) == 2
 
         watch(seen_ranks, 90, "the job's two ranks on GPUs 0 and 1")
-        health.xid_79_on(1, daemon.clock())  # the GPU fails; the job hangs shortly after (step 25)
+        with kernel_log.open("a") as f:  # the GPU fails; the job hangs shortly after (step 25)
+            f.write(XID_79)
 
         def shown(job_id: str) -> str:
             return cluster.run("scontrol", "show", "job", "-o", job_id, check=False).stdout
@@ -178,8 +154,9 @@ def test_a_hang_after_an_xid_drains_the_node_and_requeues_the_job_and_its_next_h
         node_state, node_reason = cluster.node_state()
         sinfo_r = cluster.run("sinfo", "-R", "-h", "-o", "%N|%E").stdout.strip()
 
-        # The operator replaces the GPU and resumes the node; the requeued job starts again.
-        health.value = HEALTHY
+        # The operator replaces the GPU (the Xid ages out of the hold) and resumes the node; the requeued
+        # job starts again.
+        watch(lambda: str(daemon._node_health.level) == "healthy", HOLD_S + 60, "the node healthy again")
         cluster.run("scontrol", "update", f"NodeName={NODE}", "State=RESUME")
         cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)  # no requeue hold-off
         mark = len(statuses)

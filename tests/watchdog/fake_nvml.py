@@ -60,6 +60,29 @@ NVML_PCIE_UTIL_RX_BYTES = 1
 NVML_CLOCK_SM = 1
 NVML_TEMPERATURE_GPU = 0
 SCOPE_ALL_LINKS = 0xFFFFFFFF
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+nvmlEventTypeSingleBitEccError = 0x1
+nvmlEventTypeDoubleBitEccError = 0x2
+nvmlEventTypeXidCriticalError = 0x8
+nvmlEventTypeGpuUnavailableError = 0x4000
+nvmlClocksEventReasonHwSlowdown = 0x8
+nvmlClocksEventReasonSwThermalSlowdown = 0x20
+nvmlClocksEventReasonHwThermalSlowdown = 0x40
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+#: The PCI buses of the fake boards (an HGX-like layout): board i sits on FAKE_BUSES[i % 8].
+FAKE_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
 # -- errors: NVMLError(value) returns the matching subclass, as in pynvml ----------------------------
 
@@ -154,6 +177,38 @@ class c_nvmlProcessInfo_t:
     usedGpuMemory: int
 
 
+@dataclass
+class c_nvmlPciInfo_t:
+    busId: bytes
+    busIdLegacy: bytes
+
+
+@dataclass
+class c_nvmlGpuFabricInfo_t:
+    state: int = 0
+    status: int = 0
+
+
+@dataclass
+class c_nvmlEventData_t:
+    device: FakeHandle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0
+    computeInstanceId: int = 0
+
+
+@dataclass
+class FakeEventSet:
+    """An event set: what the fake driver queued for the GPUs registered on it."""
+
+    registered: dict[int, int] = field(default_factory=dict)
+    """GPU index -> event type mask."""
+    queue: list[c_nvmlEventData_t] = field(default_factory=list)
+    ready: threading.Condition = field(default_factory=threading.Condition)
+    freed: bool = False
+
+
 @dataclass(frozen=True)
 class FakeHandle:
     index: int
@@ -194,10 +249,36 @@ class FakeGpu:
     """API name -> event the call blocks on until set (a wedged GPU)."""
     reject_all_links_scope: bool = False
     """An older driver that answers INVALID_ARGUMENT to the all-links NVLink scope."""
+    # -- health (issue 27): NVML units and states ----------------------------------------------------
+    pci_bus_id: str = ""
+    """NVML's busId; default ``00000000:<FAKE_BUSES[index % 8]>:00.0``."""
+    ecc_corrected: int = 0
+    """Volatile correctable ECC count."""
+    ecc_uncorrected: int = 0
+    retired_pages_pending: bool = False
+    remap_pending: bool = False
+    remap_failure: bool = False
+    nvlink_links: int = 18
+    """Links the board has (0: NVLink NotSupported, a PCIe part)."""
+    nvlink_down: set[int] = field(default_factory=set)
+    """Links NVML reports inactive."""
+    nvlink_errors: dict[int, int] = field(default_factory=dict)
+    """NVLink error counter (``NVML_NVLINK_ERROR_DL_*``) -> value on every active link."""
+    throttle_reasons: int = 0
+    pcie_gen: int = 5
+    pcie_gen_max: int = 5
+    pcie_width: int = 16
+    pcie_width_max: int = 16
+    fabric: tuple[int, int] | None = None
+    """(state, status) of the NVLink fabric registration; None: NotSupported (not an NVL system)."""
+    supported_events: int = 0x8 | 0x2 | 0x4000
 
     def __post_init__(self) -> None:
         if not self.uuid:
             self.uuid = f"GPU-00000000-0000-4000-8000-{self.index:012d}"
+        if not self.pci_bus_id:
+            domain, slot = divmod(self.index, len(FAKE_BUSES))
+            self.pci_bus_id = f"{domain:08X}:{FAKE_BUSES[slot]:02X}:00.0"
 
 
 class FakeNvml:
@@ -215,6 +296,7 @@ class FakeNvml:
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
     NVMLError_Unknown = NVMLError_Unknown
     c_nvmlFieldValue_t = c_nvmlFieldValue_t
+    c_nvmlGpuFabricInfo_t = c_nvmlGpuFabricInfo_t
 
     NVML_SUCCESS = NVML_SUCCESS
     NVML_ERROR_UNINITIALIZED = NVML_ERROR_UNINITIALIZED
@@ -242,6 +324,11 @@ class FakeNvml:
     NVML_PCIE_UTIL_RX_BYTES = NVML_PCIE_UTIL_RX_BYTES
     NVML_CLOCK_SM = NVML_CLOCK_SM
     NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
+    NVML_FEATURE_DISABLED = NVML_FEATURE_DISABLED
+    NVML_FEATURE_ENABLED = NVML_FEATURE_ENABLED
+    nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
+    nvmlEventTypeDoubleBitEccError = nvmlEventTypeDoubleBitEccError
+    nvmlEventTypeGpuUnavailableError = nvmlEventTypeGpuUnavailableError
 
     def __init__(
         self, gpus: list[FakeGpu], *, init_error: int | None = None, init_hang: threading.Event | None = None
@@ -252,6 +339,7 @@ class FakeNvml:
         self.initialized = False
         self.calls: Counter[tuple[str, int | None]] = Counter()
         """(API name, GPU index or None) -> number of calls."""
+        self.event_sets: list[FakeEventSet] = []
         self.hang_entered = threading.Event()
         """Set when a call starts blocking on a ``hang`` event."""
         self._lock = threading.Lock()
@@ -385,6 +473,128 @@ class FakeNvml:
         assert gpu is not None
         return [c_nvmlProcessInfo_t(pid=pid, usedGpuMemory=1 << 30) for pid in gpu.pids]
 
+    # -- health (issue 27) ------------------------------------------------------------------------
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> c_nvmlPciInfo_t:
+        gpu = self._enter("nvmlDeviceGetPciInfo", handle)
+        assert gpu is not None
+        return c_nvmlPciInfo_t(busId=gpu.pci_bus_id.encode(), busIdLegacy=gpu.pci_bus_id[4:].encode())
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeHandle, error_type: int, counter_type: int) -> int:
+        gpu = self._enter("nvmlDeviceGetTotalEccErrors", handle)
+        assert gpu is not None
+        if counter_type != NVML_VOLATILE_ECC:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.ecc_corrected if error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED else gpu.ecc_uncorrected
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeHandle) -> int:
+        gpu = self._enter("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        assert gpu is not None
+        return NVML_FEATURE_ENABLED if gpu.retired_pages_pending else NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
+        gpu = self._enter("nvmlDeviceGetRemappedRows", handle)
+        assert gpu is not None
+        return (0, 1 if gpu.remap_pending else 0, int(gpu.remap_pending), int(gpu.remap_failure))
+
+    def _link(self, api: str, handle: FakeHandle, link: int) -> FakeGpu:
+        gpu = self._enter(api, handle)
+        assert gpu is not None
+        if gpu.nvlink_links == 0:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < gpu.nvlink_links:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu
+
+    def nvmlDeviceGetNvLinkState(self, handle: FakeHandle, link: int) -> int:
+        gpu = self._link("nvmlDeviceGetNvLinkState", handle, link)
+        return NVML_FEATURE_DISABLED if link in gpu.nvlink_down else NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: FakeHandle, link: int, counter: int) -> int:
+        gpu = self._link("nvmlDeviceGetNvLinkErrorCounter", handle, link)
+        return gpu.nvlink_errors.get(counter, 0)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:
+        gpu = self._enter("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        assert gpu is not None
+        return gpu.throttle_reasons
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: FakeHandle) -> int:
+        gpu = self._enter("nvmlDeviceGetCurrPcieLinkGeneration", handle)
+        assert gpu is not None
+        return gpu.pcie_gen
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: FakeHandle) -> int:
+        gpu = self._enter("nvmlDeviceGetMaxPcieLinkGeneration", handle)
+        assert gpu is not None
+        return gpu.pcie_gen_max
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: FakeHandle) -> int:
+        gpu = self._enter("nvmlDeviceGetCurrPcieLinkWidth", handle)
+        assert gpu is not None
+        return gpu.pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: FakeHandle) -> int:
+        gpu = self._enter("nvmlDeviceGetMaxPcieLinkWidth", handle)
+        assert gpu is not None
+        return gpu.pcie_width_max
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: FakeHandle, info: c_nvmlGpuFabricInfo_t) -> int:
+        gpu = self._enter("nvmlDeviceGetGpuFabricInfo", handle)
+        assert gpu is not None
+        if gpu.fabric is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        info.state, info.status = gpu.fabric
+        return NVML_SUCCESS
+
+    # -- the event API: a set, registrations, a bounded wait -----------------------------------------
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: FakeHandle) -> int:
+        gpu = self._enter("nvmlDeviceGetSupportedEventTypes", handle)
+        assert gpu is not None
+        return gpu.supported_events
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        self._enter("nvmlEventSetCreate")
+        event_set = FakeEventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle: FakeHandle, event_types: int, event_set: FakeEventSet) -> None:
+        gpu = self._enter("nvmlDeviceRegisterEvents", handle)
+        assert gpu is not None
+        if event_types & ~gpu.supported_events:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        event_set.registered[handle.index] = event_types
+
+    def nvmlEventSetWait_v2(self, event_set: FakeEventSet, timeout_ms: int) -> c_nvmlEventData_t:
+        self._enter("nvmlEventSetWait_v2")
+        with event_set.ready:
+            if not event_set.queue:
+                event_set.ready.wait(timeout_ms / 1000.0)
+            if not event_set.queue:
+                raise NVMLError(NVML_ERROR_TIMEOUT)
+            return event_set.queue.pop(0)
+
+    def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:
+        self._enter("nvmlEventSetFree")
+        event_set.freed = True
+
+    def inject_event(self, gpu: int, event_type: int, data: int = 0) -> int:
+        """The driver reports an event on ``gpu``: queued on every set it is registered on for that
+        type. Returns the number of sets that got it."""
+        delivered = 0
+        for event_set in self.event_sets:
+            if event_set.registered.get(gpu, 0) & event_type:
+                with event_set.ready:
+                    event_set.queue.append(c_nvmlEventData_t(FakeHandle(gpu), event_type, data))
+                    event_set.ready.notify_all()
+                delivered += 1
+        return delivered
+
+    def inject_xid(self, gpu: int, code: int) -> int:
+        return self.inject_event(gpu, nvmlEventTypeXidCriticalError, code)
+
     def nvmlDeviceGetFieldValues(self, handle: FakeHandle, field_ids: list[Any]) -> list[c_nvmlFieldValue_t]:
         gpu = self._enter("nvmlDeviceGetFieldValues", handle)
         assert gpu is not None
@@ -469,3 +679,69 @@ def hang(gpus: int = 8, stuck: int = 5, api: str = "nvmlDeviceGetPowerUsage") ->
 def init_failure(code: int = NVML_ERROR_DRIVER_NOT_LOADED) -> FakeNvml:
     """``nvmlInit`` raises ``code`` (no driver loaded, library missing...)."""
     return FakeNvml([], init_error=code)
+
+
+# -- health scenarios (issue 27): one board changed, the rest basic -----------------------------------
+
+
+def ecc(gpus: int = 8, gpu: int = 2, corrected: int = 0, uncorrected: int = 0) -> FakeNvml:
+    """Board ``gpu`` has these volatile ECC counts (raise them between polls for a burst)."""
+    fake = basic(gpus)
+    fake.boards[gpu].ecc_corrected, fake.boards[gpu].ecc_uncorrected = corrected, uncorrected
+    return fake
+
+
+def row_remap(gpus: int = 8, gpu: int = 4, pending: bool = True, failure: bool = False) -> FakeNvml:
+    """Board ``gpu`` has a row remap pending (reset to apply) and/or a remap failure."""
+    fake = basic(gpus)
+    fake.boards[gpu].remap_pending, fake.boards[gpu].remap_failure = pending, failure
+    return fake
+
+
+def retired_pages_pending(gpus: int = 8, gpu: int = 1) -> FakeNvml:
+    fake = basic(gpus)
+    fake.boards[gpu].retired_pages_pending = True
+    return fake
+
+
+def nvlink(
+    gpus: int = 8, gpu: int = 6, down: set[int] | None = None, errors: dict[int, int] | None = None
+) -> FakeNvml:
+    """Board ``gpu``'s NVLink: ``down`` links inactive, ``errors`` counter -> value per active link."""
+    fake = basic(gpus)
+    fake.boards[gpu].nvlink_down = set(down or ())
+    fake.boards[gpu].nvlink_errors = dict(errors or {})
+    return fake
+
+
+def throttle(gpus: int = 8, gpu: int = 0, reasons: int = nvmlClocksEventReasonHwThermalSlowdown) -> FakeNvml:
+    """Board ``gpu`` is clock-throttled for ``reasons`` (a ``nvmlClocksEventReason*`` mask)."""
+    fake = basic(gpus)
+    fake.boards[gpu].throttle_reasons = reasons
+    return fake
+
+
+def pcie_degraded(gpus: int = 8, gpu: int = 7, width: int = 8, gen: int = 5) -> FakeNvml:
+    """Board ``gpu``'s PCIe link trained below its maximum (x8 of x16 by default)."""
+    fake = basic(gpus)
+    fake.boards[gpu].pcie_width, fake.boards[gpu].pcie_gen = width, gen
+    return fake
+
+
+def fabric(
+    gpus: int = 8, gpu: int = 5, state: int = NVML_GPU_FABRIC_STATE_COMPLETED, status: int = 0
+) -> FakeNvml:
+    """An NVL system: every board reports a completed fabric registration; ``gpu`` reports (state, status)."""
+    fake = basic(gpus)
+    for board in fake.boards:
+        board.fabric = (NVML_GPU_FABRIC_STATE_COMPLETED, NVML_SUCCESS)
+    fake.boards[gpu].fabric = (state, status)
+    return fake
+
+
+def no_nvlink(gpus: int = 8) -> FakeNvml:
+    """A PCIe part: NVLink state and counters answer NotSupported on every board."""
+    fake = basic(gpus)
+    for board in fake.boards:
+        board.nvlink_links = 0
+    return fake

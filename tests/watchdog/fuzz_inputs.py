@@ -1,7 +1,7 @@
 """A seeded mutation fuzzer for the three hostile inputs: nvidia-smi CSV recordings, config files and
 progress files (issue 11). Run by ``test_fuzz.py`` in a subprocess with a memory cap::
 
-    python -m tests.watchdog.fuzz_inputs {csv|config|progress|prometheus|names} COUNT SEED
+    python -m tests.watchdog.fuzz_inputs {csv|config|progress|prometheus|names|kmsg} COUNT SEED
 
 Each input is a valid seed document mutated a few times (bytes flipped, inserted, deleted,
 duplicated; lines spliced, truncated; hostile tokens - NaN, Infinity, 1e309, huge integers, deep
@@ -17,7 +17,9 @@ a *clean* outcome:
   samples or raises PromError; the facts built from them and the fusion rule never raise;
 - ``names``: directory and file names as bytes (:func:`run_names`): the reader reads the job or
   reports it, and its reports, log lines, environment job keys and event-store rows stay printable,
-  bounded, one line each.
+  bounded, one line each;
+- ``kmsg``: kernel log text (issue 27): ``parse_line`` reads each line or ignores it, and the health
+  signal over it as a log file builds a bounded, printable node verdict.
 
 Anything else is a traceback; an input taking more than ``HANG_S`` is a hang (SIGALRM). The summary
 is one JSON line on stdout: counts, the slowest input, peak RSS (``VmHWM``) and every failure.
@@ -376,12 +378,58 @@ def run_prometheus(data: bytes, tmp: Path) -> str:
     return "result"
 
 
+def kmsg_seeds() -> list[bytes]:
+    """Kernel log text (issue 27): NVIDIA's Xid lines in every wrapper the log sources add, a GPU
+    fallen off the bus, lines that are no Xid."""
+    lines = [
+        b"3,1234,567890123,-;NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, "
+        b"GPU has fallen off the bus.",
+        b"Nov 22 18:29:55 host kernel: [ 966.503025] NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 1",
+        b"Oct 01 13:00:00 host kernel: NVRM: Xid (PCI:0000:06:00): 41, ROBUST_CHANNEL_CE2_ERROR: Copy Engine",
+        b"NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu.",
+        b"NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to "
+        b"0x2 (Node Reboot Required)",
+        b"NVRM: GPU 0000:61:00.0: GPU has fallen off the bus.",
+        b"6,1235,567890124,-;usb 1-1: new high-speed USB device number 2 using xhci_hcd",
+        b" SUBSYSTEM=pci",
+    ]
+    return [b"\n".join(lines) + b"\n", lines[0] + b"\n", b"\n".join(lines[1:4])]
+
+
+def run_kmsg(data: bytes, tmp: Path) -> str:
+    """Kernel log bytes: every line parses to a finding or to nothing, never raises; fed as a log file
+    through the health signal, the node verdict is built, bounded and printable."""
+    from gpu_triage.model.health import node_health_dict
+    from gpu_triage.signals.health.kernel_log import MAX_TEXT_CHARS, parse_line
+    from gpu_triage.signals.health.monitor import HealthConfig, HealthMonitor
+
+    for line in data.split(b"\n"):
+        parsed = parse_line(line)
+        if parsed is not None:
+            assert parsed.text.isprintable() and len(parsed.text) <= MAX_TEXT_CHARS + 20, parsed
+    log = tmp / "kern.log"
+    log.write_bytes(data)
+    monitor = HealthMonitor(
+        HealthConfig(kernel_log="off", kernel_log_file=log),
+        [(0, "00000000:1B:00.0"), (3, "00000000:61:00.0")],
+    )
+    monitor.open()
+    health = monitor.sample(1.0)
+    doc = json.dumps(node_health_dict(health))
+    assert len(health.findings) + sum(len(g.findings) for g in health.gpus) <= 4096
+    assert len(doc) < 4 << 20
+    monitor.close()
+    # "error": nothing in it was read as an Xid or a lost GPU (ignored, cleanly); "result": findings
+    return "result" if health.level.value != "healthy" or health.xid_totals else "error"
+
+
 FORMATS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes, Path], str]]] = {
     "csv": (csv_seeds, run_csv),
     "config": (config_seeds, run_config),
     "progress": (progress_seeds, run_progress),
     "prometheus": (prometheus_seeds, run_prometheus),
     "names": (name_seeds, run_names),
+    "kmsg": (kmsg_seeds, run_kmsg),
 }
 
 

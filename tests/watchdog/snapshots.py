@@ -40,6 +40,7 @@ def gpu_status(
         read_errors_total=read_errors_total,
         compute_floor_w=0.40 * B300_LIMIT_W,
         spin_ceiling_w=0.30 * B300_LIMIT_W,
+        pci_bus_id=f"00000000:{0x18 + gpu:02X}:00.0",
     )
 
 

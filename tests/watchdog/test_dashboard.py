@@ -35,6 +35,17 @@ import pytest
 import yaml
 
 from gpu_triage.model.evidence import JobEvidence
+from gpu_triage.model.health import (
+    Blame,
+    FaultKind,
+    FaultSource,
+    GpuHealth,
+    HardwareFinding,
+    HealthLevel,
+    NodeHealth,
+    OperatorAction,
+    XidCount,
+)
 from gpu_triage.model.snapshot import JobStatus, Snapshot
 from gpu_triage.model.states import GPU_STATES, VERDICTS, GpuState, Mode, Verdict
 from gpu_triage.serving.api import create_app
@@ -149,6 +160,7 @@ def _mapped(panel: dict[str, Any]) -> dict[int, str]:
         ("Node state (most severe GPU state)", "state", [s.value for s in GPU_STATES]),
         ("GPU states", "state", [s.value for s in GPU_STATES]),
         ("Verdicts", "verdict", [v.value for v in VERDICTS]),
+        ("GPU health", "level", [level.value for level in HealthLevel]),
     ],
 )
 def test_state_timelines_code_and_map_every_state(title: str, label: str, vocabulary: list[str]) -> None:
@@ -228,6 +240,47 @@ def live_snapshot(cycle: int, now: float) -> Snapshot:
         actions={("capture", "ok"): 1 + cycle // 20, ("alert", "ok"): 1},
         version="0.1.0",
         fleet=(facts,),
+        node_health=live_health(now, cycle),
+    )
+
+
+def live_health(now: float, cycle: int) -> NodeHealth:
+    """GPU 3 unhealthy (Xid 79, counted up each cycle), GPU 7 degraded (thermal throttle), the rest fine."""
+    xid = HardwareFinding(
+        FaultKind.XID,
+        HealthLevel.UNHEALTHY,
+        Blame.NODE,
+        OperatorAction.DRAIN_NODE,
+        "Xid 79: GPU has fallen off the bus",
+        FaultSource.KERNEL_LOG,
+        gpu=3,
+        xid=79,
+        count=1 + cycle,
+        first_seen=now - 90.0,
+        last_seen=now,
+    )
+    hot = HardwareFinding(
+        FaultKind.THROTTLE_THERMAL,
+        HealthLevel.DEGRADED,
+        Blame.NODE,
+        OperatorAction.NONE,
+        "clocks throttled: thermal",
+        FaultSource.NVML_POLL,
+        gpu=7,
+    )
+    gpus = tuple(
+        GpuHealth(g, f"00000000:{0x18 + g:02X}:00.0", level, findings)
+        for g, level, findings in (
+            (
+                g,
+                HealthLevel.UNHEALTHY if g == 3 else HealthLevel.DEGRADED if g == 7 else HealthLevel.HEALTHY,
+                (xid,) if g == 3 else (hot,) if g == 7 else (),
+            )
+            for g in range(8)
+        )
+    )
+    return NodeHealth(
+        HealthLevel.UNHEALTHY, gpus, xid_totals=(XidCount(3, "00000000:1B:00.0", 79, 1 + cycle),)
     )
 
 

@@ -78,11 +78,12 @@ def test_per_gpu_series_carry_dcgm_exporters_gpu_uuid_and_hostname_labels() -> N
     by_name = samples(scrape(snap))
     power = {s.labels["gpu"]: s for s in by_name["gpu_watchdog_power_watts"]}
     assert sorted(power) == ["0", "1", "2", "3"]
-    # dcgm-exporter's spelling: gpu (index), UUID (NVML's GPU-... string), Hostname.
+    # dcgm-exporter's spelling: gpu (index), UUID (NVML's GPU-... string), Hostname, pci_bus_id.
     assert power["2"].labels == {
         "gpu": "2",
         "UUID": "GPU-00000002-0000-4000-8000-000000000000",
         "Hostname": snap.node,
+        "pci_bus_id": "00000000:1A:00.0",
     }
     assert power["2"].value == 230.0
     limits = {s.labels["gpu"]: s.value for s in by_name["gpu_watchdog_power_limit_watts"]}

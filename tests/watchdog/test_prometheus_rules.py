@@ -33,7 +33,15 @@ ALERTED_VERDICTS = {v.value for v in Verdict} - {
     *(v.value for v in ENDED_VERDICTS),  # the job has ended: nothing to page about
 }
 #: Runbook anchors that are not verdicts.
-OTHER_RUNBOOKS = {"daemon_down", "rank_step_lag", "input_errors", "gpu_held_idle"}
+OTHER_RUNBOOKS = {
+    "daemon_down",
+    "rank_step_lag",
+    "input_errors",
+    "gpu_held_idle",
+    "gpu_unhealthy",
+    "gpu_degraded",
+    "xid",
+}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:

@@ -116,7 +116,11 @@ class GpuTracker:
                 gpu.last = s
             else:  # keep the last good static facts (name, uuid, limit) but report the failure
                 gpu.last = replace(
-                    s, name=gpu.last.name, uuid=gpu.last.uuid, power_limit_w=gpu.last.power_limit_w
+                    s,
+                    name=gpu.last.name,
+                    uuid=gpu.last.uuid,
+                    power_limit_w=gpu.last.power_limit_w,
+                    pci_bus_id=s.pci_bus_id or gpu.last.pci_bus_id,
                 )
         return changes
 
@@ -153,6 +157,7 @@ class GpuTracker:
                     impossible_power_limits_total=t.impossible_limits_total,
                     compute_floor_w=t.edges[1],
                     spin_ceiling_w=t.edges[2],
+                    pci_bus_id=s.pci_bus_id,
                 )
             )
         return tuple(out)

@@ -1,6 +1,7 @@
 """``gpu-watchdog status [--url URL] [--json] [--watch [S]]``: one daemon's ``/status`` as tables.
 
-GPUs (state, power against the limit, utilisation, since when) and jobs (verdict, onset, raised,
+GPUs (PCI bus id, state, health, power against the limit, utilisation, since when), the node health
+(the verdict and each finding: level, blame, action, reason) and jobs (verdict, onset, raised,
 steps, the ranks that lag, the evidence signals behind the verdict). Times are shown in this
 machine's local time with their age (``2026-12-03 07:12:01 CET (1m10s ago)``). ``--watch`` redraws
 the view in place every few seconds until Ctrl-C. ``--json`` prints the daemon's ``/status``
@@ -179,11 +180,15 @@ def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str
         f"cycle at {local(now, tz)}; last telemetry sample {_since(status.get('last_sample_time'), now, tz)}",
         "",
     ]
+    health = status.get("node_health") if isinstance(status.get("node_health"), dict) else None
+    gpu_health = {g.get("gpu"): g for g in (health or {}).get("gpus") or [] if isinstance(g, dict)}
     gpu_rows = [
         [
             str(gpu["gpu"]),
+            str(gpu.get("pci_bus_id") or "-"),
             str(gpu.get("model") or "-"),
             gpu["state"],
+            str(gpu_health.get(gpu["gpu"], {}).get("level") or "-"),
             _power(gpu),
             _ratio(gpu.get("utilization_ratio")),
             _since(gpu.get("state_since"), now, tz),
@@ -192,10 +197,13 @@ def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str
     ]
     lines = head
     if gpu_rows:
-        lines.append(table(["GPU", "MODEL", "STATE", "POWER", "UTIL", "SINCE"], gpu_rows))
+        lines.append(table(["GPU", "PCI", "MODEL", "STATE", "HEALTH", "POWER", "UTIL", "SINCE"], gpu_rows))
     else:
         lines.append("No GPU telemetry (source none, or no GPU found).")
     lines.append("")
+    if health is not None:
+        lines.extend(_health_lines(health))
+        lines.append("")
     if not status["jobs"]:
         lines.append("No training job found (no progress files and no GPU processes).")
         return "\n".join(lines)
@@ -229,6 +237,39 @@ def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str
                 for signal, value in evidence.items()
             )
     return "\n".join(lines)
+
+
+MAX_REASON_CHARS = 100
+
+
+def _health_lines(health: dict[str, Any]) -> list[str]:
+    """The node verdict and, for each GPU or node-wide finding not healthy, its reasons as a table."""
+    lines = [f"Node health: {health.get('level', '-')}"]
+    rows = []
+    for g in health.get("gpus") or []:
+        for f in g.get("findings") or []:
+            rows.append(_finding_row(str(g.get("gpu")), f))
+    for f in health.get("findings") or []:
+        rows.append(_finding_row(f"node ({f.get('pci_bus_id') or '-'})", f))
+    if rows:
+        lines.append(table(["GPU", "LEVEL", "BLAME", "ACTION", "COUNT", "REASON"], rows))
+    for error in (health.get("read_errors") or [])[:5]:
+        lines.append(f"  health read error: {error}")
+    return lines
+
+
+def _finding_row(where: str, f: dict[str, Any]) -> list[str]:
+    reason = str(f.get("detail") or "-")
+    if len(reason) > MAX_REASON_CHARS:
+        reason = reason[: MAX_REASON_CHARS - 3] + "..."
+    return [
+        where,
+        str(f.get("level")),
+        str(f.get("blame")),
+        str(f.get("action")),
+        str(f.get("count", 1)),
+        reason,
+    ]
 
 
 def exit_code(status: dict[str, Any]) -> int:

@@ -21,7 +21,9 @@ from gpu_triage.daemon.config import (
     token_file_absent,
 )
 from gpu_triage.daemon.state_lock import StateLock
+from gpu_triage.model.samples import TelemetrySource
 from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
+from gpu_triage.signals.health.monitor import HealthMonitor
 from gpu_triage.signals.nccl_ras.poller import RasPoller
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
@@ -102,6 +104,19 @@ def make_fleet(config: Config, clock: Callable[[], float] = time.time) -> FleetP
 
 def make_ras(config: Config, clock: Callable[[], float] = time.time) -> RasPoller:
     return RasPoller(config.ras, clock=clock)
+
+
+def make_health(config: Config, source: TelemetrySource) -> HealthMonitor:
+    """The node health signal (``[health]``): NVML health reads and events when the source is NVML
+    (under the same deadlines as its telemetry reads), the kernel log always (opened at start)."""
+    reader = None
+    if config.health.enabled and source.name == "nvml":
+        from gpu_triage.telemetry.nvml import NvmlSource
+        from gpu_triage.telemetry.nvml_health import NvmlHealthReader
+
+        if isinstance(source, NvmlSource):
+            reader = NvmlHealthReader(source)
+    return HealthMonitor(config.health, [(g.gpu, g.pci_bus_id) for g in source.gpus()], reader=reader)
 
 
 def make_sampler(config: Config, clock: Callable[[], float] = time.time) -> StackSampler:

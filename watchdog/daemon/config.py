@@ -11,6 +11,7 @@ checks and docs, :func:`gpu_triage.model.config_schema.setting`):
 [detector] :class:`gpu_triage.verdicts.detector.DetectorConfig`
 [stacks]   :class:`gpu_triage.signals.stacks.config.StacksConfig`
 [ras]      :class:`gpu_triage.signals.nccl_ras.poller.RasConfig`
+[health]   :class:`gpu_triage.signals.health.monitor.HealthConfig`
 [cluster]  :class:`gpu_triage.signals.fleet.config.ClusterConfig`
 [events]   :class:`gpu_triage.journal.config.EventsConfig`
 [evidence] :class:`gpu_triage.actions.config.EvidenceConfig`
@@ -72,6 +73,7 @@ from gpu_triage.model.config_schema import MISSING, SCHEMA, Reader, Rule, settin
 from gpu_triage.model.limits import MAX_CONFIG_BYTES, InputTooLarge, read_regular_file
 from gpu_triage.serving.config import AuthConfig
 from gpu_triage.signals.fleet.config import ClusterConfig
+from gpu_triage.signals.health.monitor import HealthConfig
 from gpu_triage.signals.nccl_ras.poller import RasConfig
 from gpu_triage.signals.progress import ProgressConfig
 from gpu_triage.signals.stacks.config import StacksConfig
@@ -116,6 +118,7 @@ class Config:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     stacks: StacksConfig = field(default_factory=StacksConfig)
     ras: RasConfig = field(default_factory=RasConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
@@ -133,6 +136,7 @@ SECTIONS: dict[str, type] = {
     "detector": DetectorConfig,
     "stacks": StacksConfig,
     "ras": RasConfig,
+    "health": HealthConfig,
     "cluster": ClusterConfig,
     "events": EventsConfig,
     "evidence": EvidenceConfig,
@@ -487,6 +491,7 @@ __all__ = [
     "DetectorConfig",
     "EventsConfig",
     "EvidenceConfig",
+    "HealthConfig",
     "ProgressConfig",
     "RasConfig",
     "SinkConfig",

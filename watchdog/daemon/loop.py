@@ -34,6 +34,7 @@ from gpu_triage.daemon.build import (
     detector_settings,
     make_actions,
     make_fleet,
+    make_health,
     make_ras,
     make_reader,
     make_sampler,
@@ -92,13 +93,8 @@ class Daemon:
         on_cycle: Callable[[Snapshot], None] | None = None,
         actions: Any | None = None,
         overrides: dict[str, Any] | None = None,
-        node_health: Callable[[float], NodeHealth] | None = None,
     ) -> None:
-        """``overrides``: the command-line values applied over the file (re-applied on reload).
-        ``node_health``: where the node's hardware health comes from each cycle, as a function of the
-        time (None: healthy) - the seam through which blame, drains and requeues see the hardware until
-        the health signal (``signals/health``, issue 27 part A) fills ``_node_health`` itself; tests
-        inject faults here. Replace with that reader once it is merged."""
+        """``overrides``: the command-line values applied over the file (re-applied on reload)."""
         self.config = config
         self.config_path = config_path
         self.overrides = dict(overrides or {})
@@ -118,12 +114,13 @@ class Daemon:
         self.started_at = self.clock()
         self.gpus = make_tracker(config)
         self.detector = Detector(detector_settings(config))
-        self._health_provider = node_health
-        self._node_health: NodeHealth = UNKNOWN_HEALTH
-        """The node's hardware health this cycle: the detector's blame and the engine's drains read it."""
         self.stacks = make_sampler(config, self.clock)
         self.ras = make_ras(config, self.clock)
         self.fleet = make_fleet(config, self.clock)
+        self.health = make_health(config, source)
+        """The node health signal (signals/health): Xid, ECC, NVLink... into a NodeHealth per cycle."""
+        self._node_health: NodeHealth = UNKNOWN_HEALTH
+        """The node's hardware health this cycle: the detector's blame and the engine's drains read it."""
         self._fleet_facts: tuple[JobFacts, ...] = ()
         self.progress = make_reader(config)
         self.inspector = ProcessInspector()
@@ -198,6 +195,7 @@ class Daemon:
                 "config": self.config.origin,
             },
         )
+        self.health.open()
         record.restore_timeline(self)
         record.restore_silences(self)
         record.restore_episodes(self)
@@ -247,6 +245,7 @@ class Daemon:
             self.store.close()
         self.stacks.close()
         self.fleet.close()
+        self.health.close()
         if self._state_lock is not None:
             self._state_lock.release()
             self._state_lock = None
@@ -325,13 +324,7 @@ class Daemon:
                 gpu=ch.gpu,
             )
         statuses = self.gpus.statuses()
-        if self._health_provider is not None:
-            try:
-                self._node_health = self._health_provider(now)
-            except Exception as e:  # a failed health read is data, never a failed cycle
-                self._node_health = NodeHealth(
-                    level=HealthLevel.HEALTHY, read_errors=(f"{type(e).__name__}: {e}"[:300],)
-                )
+        self._observe_health(now)
         due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
         if due:
             self._last_process_s = now
@@ -386,11 +379,36 @@ class Daemon:
             fleet=self._fleet_facts,
             cluster=self.fleet.status(),
             clock_offset_s=(self._wall if self._wall is not None else now) - now,
+            node_health=self._node_health,
+            health=self.health.status(),
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
             self.on_cycle(snap)
         return snap
+
+    def _observe_health(self, now: float) -> None:
+        """The node verdict this cycle (signals/health); a change of the node's or a GPU's level is an
+        event."""
+        before = self._node_health
+        after = self.health.sample(now)
+        self._node_health = after
+        was = {g.gpu: g.level for g in before.gpus}
+        for g in after.gpus:
+            if g.level is not was.get(g.gpu, HealthLevel.HEALTHY):
+                self._event(
+                    "health",
+                    {
+                        "level": str(g.level),
+                        "from": str(was.get(g.gpu, HealthLevel.HEALTHY)),
+                        "pci_bus_id": g.pci_bus_id,
+                        "reasons": list(g.reasons),
+                    },
+                    now,
+                    gpu=g.gpu,
+                )
+        if after.level is not before.level:
+            self._event("health", {"node": str(after.level), "from": str(before.level)}, now)
 
     def _detect(
         self, now: float, samples: Sequence[GpuSample], statuses: Sequence[GpuStatus]

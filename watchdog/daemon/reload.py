@@ -62,6 +62,19 @@ def reload(d: Daemon) -> None:
     if new.cluster != d.config.cluster:
         d.fleet.close()
         d.fleet = make_fleet(new, d.clock)
+    if new.health != d.config.health:
+        for key in ("enabled", "kernel_log", "kernel_log_file"):
+            if getattr(new.health, key) != getattr(d.config.health, key):
+                log.warning("health.%s changed: takes effect after a restart", key)
+        d.health.reconfigure(
+            replace(
+                new.health,
+                enabled=d.config.health.enabled,
+                kernel_log=d.config.health.kernel_log,
+                kernel_log_file=d.config.health.kernel_log_file,
+            )
+        )
+        new = replace(new, health=d.health.config)
     if new.progress != d.config.progress:
         d.progress = make_reader(new)
     if new.actions.mode != d.config.actions.mode:

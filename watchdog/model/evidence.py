@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gpu_triage.model.findings import Finding, Stance
-from gpu_triage.model.health import Blame, HardwareFinding
+from gpu_triage.model.health import Blame, HardwareFinding, finding_dict
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.states import GpuState
 
@@ -124,26 +124,6 @@ class JobEvidence:
     the status's ``blame`` (JSON ``hardware``; unhealthy ones first)."""
 
 
-def hardware_finding_dict(f: HardwareFinding) -> dict[str, Any]:
-    """The JSON form of one hardware finding (evidence ``hardware``; reports and alerts read this)."""
-    out: dict[str, Any] = {
-        "kind": str(f.kind),
-        "level": str(f.level),
-        "blame": str(f.blame),
-        "action": str(f.action),
-        "detail": f.detail,
-        "source": str(f.source),
-        "gpu": f.gpu,
-    }
-    if f.pci_bus_id is not None:
-        out["pci_bus_id"] = f.pci_bus_id
-    if f.xid is not None:
-        out["xid"] = f.xid
-    if f.count != 1:
-        out["count"] = f.count
-    return out
-
-
 def evidence_dict(
     evidence: JobEvidence | None,
     *,
@@ -186,7 +166,7 @@ def evidence_dict(
         "against": sorted({str(x.signal) for x in findings if x.stance is Stance.PROGRESS}),
         "cannot_judge": [c.to_dict() for c in e.cannot_judge],
         "blame": str(blame),
-        "hardware": [hardware_finding_dict(h) for h in e.hardware],
+        "hardware": [finding_dict(h) for h in e.hardware],
     }
     if e.gpus_unknown:
         out["gpus_unknown"] = True

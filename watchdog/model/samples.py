@@ -37,6 +37,8 @@ class GpuSample:
     """Compute processes on this GPU."""
     uuid: str | None = None
     name: str | None = None
+    pci_bus_id: str | None = None
+    """NVML's ``busId`` (``00000000:1B:00.0``); the kernel log names GPUs by it (model.health)."""
     error: str | None = None
     """Set when the read failed or timed out; the numeric fields are then None."""
     errors: tuple[str, ...] = field(default=())
@@ -56,6 +58,8 @@ class GpuInfo:
     uuid: str | None = None
     power_limit_w: float | None = None
     memory_total_bytes: float | None = None
+    pci_bus_id: str | None = None
+    """NVML's ``busId`` (``00000000:1B:00.0``); simulated GPUs have stable made-up ones."""
 
 
 @runtime_checkable

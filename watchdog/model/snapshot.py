@@ -11,7 +11,7 @@ from typing import Any
 
 from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.findings import Finding
-from gpu_triage.model.health import Blame
+from gpu_triage.model.health import UNKNOWN_HEALTH, Blame, NodeHealth
 from gpu_triage.model.states import GpuState, Mode, Verdict
 
 
@@ -38,6 +38,8 @@ class GpuStatus:
     """The table's compute floor for this GPU in watts (its band edges follow the enforced limit)."""
     spin_ceiling_w: float | None = None
     """The table's checkpoint_or_deadlock power ceiling in watts."""
+    pci_bus_id: str | None = None
+    """NVML's ``busId`` (``00000000:1B:00.0``), as dcgm-exporter's ``pci_bus_id`` label."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +136,8 @@ class Snapshot:
     :class:`gpu_triage.signals.fleet.facts.JobFacts` values (typed there: the model layer is below it)."""
     cluster: dict[str, Any] = field(default_factory=dict)
     """The reader of other nodes' facts ([cluster]): Prometheus URL, queries, last error."""
+    node_health: NodeHealth = UNKNOWN_HEALTH
+    """The node verdict this cycle (``signals/health``): healthy, degraded or unhealthy, per GPU with
+    the findings behind it (REST ``/status.node``). The detector and actions read it from here."""
+    health: dict[str, Any] = field(default_factory=dict)
+    """The health signal's readers (kernel log source, lines read, overruns, NVML health reads)."""

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpu_triage import __version__
 from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, SilenceBook
-from gpu_triage.model.health import Blame
+from gpu_triage.model.health import Blame, HealthLevel, OperatorAction, node_health_dict
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
 from gpu_triage.model.states import GpuState, Mode, Verdict
@@ -80,6 +80,7 @@ GPU_FIELDS = (
     "temperature_c",
     "sm_clock_mhz",
     "read_errors_total",
+    "pci_bus_id",
 )
 JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause", "blame")
 RANK_FIELDS = ("rank", "pid", "gpu", "step", "phase", "lease_until", "alive", "process_status")
@@ -122,6 +123,7 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
     document["stacks"] = jsonable(snapshot.stacks)
     document["cluster"] = jsonable(snapshot.cluster)
+    document["node_health"] = jsonable({**node_health_dict(snapshot.node_health), "readers": snapshot.health})
     return document
 
 
@@ -174,6 +176,43 @@ class GpuDoc(_Doc):
     temperature_c: float | None
     sm_clock_mhz: float | None
     read_errors_total: int
+    pci_bus_id: str | None = Field(
+        default=None, description="NVML bus id (00000000:1B:00.0); the kernel log names GPUs by it"
+    )
+
+
+class HealthFindingDoc(_Doc):
+    kind: str = Field(description="xid, gpu_lost, fallen_off_bus, ecc_uncorrectable, row_remap_failure, ...")
+    level: HealthLevel
+    blame: Blame = Field(description="Whom the finding blames: job (application), node, network, unknown")
+    action: OperatorAction = Field(description="What the operator should do (the Xid catalog's action)")
+    detail: str = Field(description="Human words: 'Xid 79: GPU has fallen off the bus'")
+    source: str = Field(description="nvml_event, nvml_poll or kernel_log")
+    gpu: int | None
+    pci_bus_id: str | None
+    xid: int | None
+    count: int = Field(description="Sightings while held")
+    first_seen: float
+    last_seen: float
+
+
+class GpuHealthDoc(_Doc):
+    gpu: int
+    pci_bus_id: str | None
+    level: HealthLevel
+    reasons: list[str] = Field(description="The findings' details, worst first")
+    findings: list[HealthFindingDoc]
+
+
+class NodeHealthDoc(_Doc):
+    level: HealthLevel = Field(description="The node verdict: the worst GPU or node-wide finding")
+    gpus: list[GpuHealthDoc]
+    findings: list[HealthFindingDoc] = Field(description="Node-wide findings (a bus id of no known GPU)")
+    read_errors: list[str] = Field(description="Health reads that failed this cycle")
+    xid_totals: list[dict[str, Any]] = Field(description="Xids seen since start: gpu, pci_bus_id, xid, count")
+    readers: dict[str, Any] = Field(
+        default_factory=dict, description="The health readers: kernel log source, lines, overruns; NVML"
+    )
 
 
 class JobDoc(_Doc):
@@ -235,6 +274,11 @@ class StatusDoc(_Doc):
         description="Other nodes' facts from Prometheus ([cluster]): prometheus_url (null: per-node only), "
         "queries_total, errors_total, last_error; per job, evidence.fleet says what they completed or "
         "vetoed, or why they are unknown (fallback: per-node judgment)",
+    )
+    node_health: NodeHealthDoc | None = Field(
+        default=None,
+        description="The node verdict (docs/health.md): healthy, degraded or unhealthy, per GPU with the "
+        "findings behind it (Xid, ECC, row remap, NVLink, throttle, PCIe, GPU lost)",
     )
 
 

@@ -42,9 +42,11 @@ class HardwareFindingDoc(_Doc):
     detail: str
     source: FaultSource
     gpu: int | None = Field(description="the GPU index (null: node-wide)")
-    pci_bus_id: str | None = Field(default=None, description="the GPU's PCI bus id, when known")
-    xid: int | None = Field(default=None, description="the Xid code, for kind xid")
-    count: int | None = Field(default=None, description="how often it was seen (when more than once)")
+    pci_bus_id: str | None = Field(description="the GPU's PCI bus id, when known")
+    xid: int | None = Field(description="the Xid code, for kind xid")
+    count: int = Field(description="how often it was seen")
+    first_seen: float = Field(description="first sighting (the daemon's monotonic timeline, seconds)")
+    last_seen: float = Field(description="last sighting (the daemon's monotonic timeline, seconds)")
 
 
 class CannotJudgeDoc(_Doc):

@@ -39,6 +39,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from gpu_triage.model.health import HEALTH_ORDER
 from gpu_triage.model.snapshot import GpuStatus, Snapshot
 from gpu_triage.model.states import GPU_STATES, VERDICTS, GpuState, Mode
 from gpu_triage.serving.publish import SnapshotHolder
@@ -46,7 +47,7 @@ from gpu_triage.signals.fleet.exposition import METRIC_NAMES as FLEET_METRIC_NAM
 from gpu_triage.signals.fleet.exposition import fleet_metrics
 
 PREFIX = "gpu_watchdog_"
-GPU_LABELS = ("gpu", "UUID", "Hostname")
+GPU_LABELS = ("gpu", "UUID", "Hostname", "pci_bus_id")
 #: The label that names the training job on the per-job series (``job`` is the scrape job's).
 JOB_LABEL = "training_job"
 
@@ -66,6 +67,10 @@ METRIC_NAMES: dict[str, str] = {
     "gpu_watchdog_read_errors_total": "counter",
     "gpu_watchdog_impossible_power_limit_total": "counter",
     "gpu_watchdog_gpu_held_idle_seconds": "gauge",
+    "gpu_watchdog_gpu_health": "gauge",
+    "gpu_watchdog_node_health": "gauge",
+    "gpu_watchdog_xid_total": "counter",
+    "gpu_watchdog_health_findings": "gauge",
     "gpu_watchdog_verdict": "gauge",
     "gpu_watchdog_verdict_onset_timestamp_seconds": "gauge",
     "gpu_watchdog_verdict_raised_timestamp_seconds": "gauge",
@@ -119,7 +124,7 @@ def _counter(name: str, documentation: str, labels: Iterable[str], unit: str = "
 
 
 def _gpu_labels(gpu: GpuStatus, hostname: str) -> list[str]:
-    return [str(gpu.gpu), gpu.uuid or "", hostname]
+    return [str(gpu.gpu), gpu.uuid or "", hostname, gpu.pci_bus_id or ""]
 
 
 def _gpu_metrics(gpus: tuple[GpuStatus, ...], hostname: str) -> Iterator[Metric]:
@@ -428,9 +433,66 @@ def _error_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield degraded
 
 
+def _health_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    """The node verdict (signals/health): GPU and node health one-hot, Xid counters per GPU and code,
+    findings per GPU, kind and blame."""
+    health = snapshot.node_health
+    by_gpu = {g.gpu: g for g in snapshot.gpus}
+    hostname = snapshot.node
+
+    def labels(gpu: int | None, bus: str | None) -> list[str]:
+        status = by_gpu.get(gpu) if gpu is not None else None
+        return [
+            "" if gpu is None else str(gpu),
+            (status.uuid or "") if status is not None else "",
+            hostname,
+            bus or (status.pci_bus_id if status is not None else None) or "",
+        ]
+
+    gpu_health = _gauge(
+        PREFIX + "gpu_health",
+        "GPU health (one-hot over healthy, degraded, unhealthy): Xid, ECC, row remap, NVLink, throttle, "
+        "PCIe, GPU lost; see node_health in /status.",
+        [*GPU_LABELS, "level"],
+    )
+    for g in health.gpus:
+        for level in HEALTH_ORDER:
+            gpu_health.add_metric(
+                [*labels(g.gpu, g.pci_bus_id), level.value], 1.0 if g.level is level else 0.0
+            )
+    yield gpu_health
+    node_health = _gauge(
+        PREFIX + "node_health", "The node verdict (one-hot over healthy, degraded, unhealthy).", ["level"]
+    )
+    for level in HEALTH_ORDER:
+        node_health.add_metric([level.value], 1.0 if health.level is level else 0.0)
+    yield node_health
+    xids = _counter(
+        PREFIX + "xid_total",
+        "Xid errors seen since the daemon started, per GPU and code (gpu empty: a bus id of no known GPU).",
+        [*GPU_LABELS, "xid"],
+    )
+    for x in health.xid_totals:
+        xids.add_metric([*labels(x.gpu, x.pci_bus_id), str(x.xid)], float(x.count))
+    yield xids
+    findings = _gauge(
+        PREFIX + "health_findings",
+        "Hardware findings held now, per GPU, kind, level and blame.",
+        [*GPU_LABELS, "kind", "level", "blame"],
+    )
+    counts: dict[tuple[str, ...], int] = {}
+    for f in (*(f for g in health.gpus for f in g.findings), *health.findings):
+        key = (*labels(f.gpu, f.pci_bus_id), f.kind.value, f.level.value, f.blame.value)
+        counts[key] = counts.get(key, 0) + 1
+    for key, n in sorted(counts.items()):
+        findings.add_metric(list(key), float(n))
+    yield findings
+
+
 def snapshot_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     """All metric families for one snapshot (pure: the snapshot in, families out)."""
     yield from _gpu_metrics(snapshot.gpus, snapshot.node)
+    yield from _health_metrics(snapshot)
     yield _held_idle(snapshot)
     yield from _job_metrics(snapshot)
     yield from _daemon_metrics(snapshot)

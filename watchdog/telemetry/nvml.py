@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, cast
 
+from gpu_triage.model.health import canonical_bus_id
 from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
 from gpu_triage.telemetry.deadline import DeadlineExceeded, DeadlineExecutor, KeyHealth, Wedged
 
@@ -180,6 +181,7 @@ class NvmlSource:
 
         name = optional(nv.nvmlDeviceGetName, board.handle)
         uuid = optional(nv.nvmlDeviceGetUUID, board.handle)
+        pci = optional(nv.nvmlDeviceGetPciInfo, board.handle)
         limit_mw = optional(nv.nvmlDeviceGetEnforcedPowerLimit, board.handle)
         memory = optional(nv.nvmlDeviceGetMemoryInfo, board.handle)
         return GpuInfo(
@@ -188,10 +190,37 @@ class NvmlSource:
             uuid=_text(uuid) if uuid is not None else None,
             power_limit_w=limit_mw / 1000.0 if limit_mw is not None else None,
             memory_total_bytes=float(memory.total) if memory is not None else None,
+            pci_bus_id=canonical_bus_id(_text(pci.busId)) if pci is not None else None,
         )
 
     def gpus(self) -> list[GpuInfo]:
         return [b.info for b in self._boards]
+
+    @property
+    def binding(self) -> Any:
+        """The NVML binding module (``pynvml``, or a test's fake)."""
+        return self._nvml
+
+    def per_gpu(self, fn: Any, *args: Any) -> list[tuple[int, Any, BaseException | None]]:
+        """``fn(handle, index, *args)`` on every GPU's worker, under one shared deadline - the same
+        per-GPU keys as :meth:`sample`, so a wedged GPU fails fast here too. Returns (index, value,
+        error) per GPU; the error is the call's own or a :class:`DeadlineExceeded`."""
+        if self._closed:
+            raise RuntimeError("NvmlSource is closed")
+        pendings = [self._ex.submit(b.index, self._with_handle, b, fn, args) for b in self._boards]
+        return [
+            (b.index, o.value, o.error)
+            for b, o in zip(self._boards, self._ex.wait_all(pendings), strict=True)
+        ]
+
+    def library_call(self, fn: Any, *args: Any) -> Any:
+        """A device-independent call (an event set) under the deadline; raises DeadlineExceeded."""
+        return self._ex.call(_LIBRARY_KEY, fn, *args)
+
+    def _with_handle(self, board: _Board, fn: Any, args: tuple[Any, ...]) -> Any:
+        if board.handle is None:
+            board.handle = self._nvml.nvmlDeviceGetHandleByIndex(board.index)
+        return fn(board.handle, board.index, *args)
 
     def health(self) -> list[KeyHealth]:
         """Per-GPU deadline state (wedged, consecutive overruns, stuck threads), for logs and metrics."""
@@ -224,7 +253,14 @@ class NvmlSource:
         else:
             error = f"error: {type(exc).__name__}: {exc}"
         info = board.info
-        return GpuSample(gpu=board.index, time_s=now_s, uuid=info.uuid, name=info.name, error=error)
+        return GpuSample(
+            gpu=board.index,
+            time_s=now_s,
+            uuid=info.uuid,
+            name=info.name,
+            pci_bus_id=info.pci_bus_id,
+            error=error,
+        )
 
     def _read_gpu(self, board: _Board, now_s: float) -> GpuSample:
         """All reads of one GPU, on that GPU's worker thread. Raises only for an essential failure."""
@@ -273,6 +309,7 @@ class NvmlSource:
             pids=tuple(int(p.pid) for p in procs) if procs is not None else (),
             uuid=info.uuid,
             name=info.name,
+            pci_bus_id=info.pci_bus_id,
             errors=tuple(errors),
         )
 

@@ -703,6 +703,17 @@ def _as_scenario(scenario: Scenario | str | Path) -> Scenario:
 # -- the source -------------------------------------------------------------------------------------
 
 
+#: The PCI buses of an 8-GPU HGX board, in NVML's spelling: simulated GPU ``g`` sits on the ``g``-th
+#: (then 0x100 + ...), stable across runs, so a real kernel line naming one reaches that GPU.
+SIM_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
+
+
+def sim_bus_id(gpu: int) -> str:
+    """The made-up PCI bus id of simulated GPU ``gpu`` (``00000000:1B:00.0`` for GPU 0)."""
+    domain, slot = divmod(gpu, len(SIM_BUSES))
+    return f"{domain:08X}:{SIM_BUSES[slot]:02X}:00.0"
+
+
 NOISE_BLOCK = 600
 """Ticks of noise :meth:`SimSource.sample` computes at once (a minute at 10 Hz)."""
 
@@ -746,6 +757,7 @@ class SimSource:
                 uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpu-triage/sim/{sc.name}/{self.seed}/{g}')}",
                 power_limit_w=sc.power_limit_w,
                 memory_total_bytes=sc.memory_total_bytes,
+                pci_bus_id=sim_bus_id(g),
             )
             for g in range(self.gpu_count)
         ]
@@ -818,6 +830,7 @@ class SimSource:
                 pids=self.pids_by_gpu.get(g, ()),
                 uuid=info.uuid,
                 name=info.name,
+                pci_bus_id=info.pci_bus_id,
             )
             for g, info in enumerate(self._infos)
         ]
@@ -880,6 +893,7 @@ class SimSource:
                 pids=self.pids_by_gpu.get(g, ()),
                 uuid=info.uuid,
                 name=info.name,
+                pci_bus_id=info.pci_bus_id,
             )
             for g, info in enumerate(self._infos)
         ]
