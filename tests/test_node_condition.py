@@ -204,3 +204,15 @@ def test_slurm_health_check_drains_on_an_unhealthy_node_verdict_only() -> None:
         }
     }
     assert len(node_reasons(many)) == 16
+
+
+def test_a_status_nested_too_deeply_is_a_clean_error_not_a_crash() -> None:
+    """Found by the scheduler fuzzer: json.loads raises RecursionError (not ValueError) on deep nesting,
+    which the health check's probe did not catch."""
+    from gpu_triage.cli.slurm_health import parse_status
+
+    with pytest.raises(ValueError, match="nested too deeply"):
+        parse_status(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ValueError, match="not a JSON object"):
+        parse_status(b"[1]")
+    assert parse_status(b'{"node": "x"}') == {"node": "x"}

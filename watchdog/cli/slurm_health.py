@@ -164,7 +164,16 @@ def fetch_status(url: str, timeout_s: float, path: str = "/status") -> dict[str,
         body = response.read(MAX_STATUS_BYTES + 1)
     if len(body) > MAX_STATUS_BYTES:
         raise ValueError(f"{path} is larger than {MAX_STATUS_BYTES} bytes")
-    document = json.loads(body)
+    return parse_status(body, path)
+
+
+def parse_status(body: bytes, path: str = "/status") -> dict[str, Any]:
+    """A JSON object from ``body``; ValueError for anything else (nesting too deep included: a hostile
+    answer never crashes the check)."""
+    try:
+        document = json.loads(body)
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply") from None
     if not isinstance(document, dict):
         raise ValueError(f"{path} is not a JSON object")
     return document
@@ -324,6 +333,7 @@ __all__ = [
     "node_name",
     "node_reasons",
     "node_verdict",
+    "parse_status",
     "probe",
     "run",
 ]
