@@ -270,3 +270,24 @@ def test_requeue_reads_slurms_own_answer() -> None:
     assert requeue_allowed(line) is True and restarts(line) == 2
     assert requeue_allowed(line.replace("Requeue=1", "Requeue=0")) is False
     assert requeue_allowed("JobId=42 NotRequeue=1") is None and restarts("") is None
+
+
+def test_a_node_blamed_hang_pages_with_its_blame_and_the_runbook_entry_for_it() -> None:
+    from gpu_triage.alerts.model import Condition, build_alert
+
+    job = node_blamed(make_job(Verdict.DEADLOCK_CONFIRMED), xid(3))
+    alert = build_alert(job, node="node-a", condition=Condition.DEADLOCK, now=T0, first_seen=T0 - 60.0)
+    assert alert.summary.endswith(" - blame node (GPU 3 Xid 79)"), alert.summary
+    assert alert.runbook.endswith("#blame_node") and "blame: node (GPU 3 Xid 79)" in alert.description
+    assert alert.evidence["blame"] == "node" and alert.evidence["hardware"][0]["xid"] == 79
+    plain = build_alert(
+        make_job(Verdict.DEADLOCK_CONFIRMED),
+        node="node-a",
+        condition=Condition.DEADLOCK,
+        now=T0,
+        first_seen=T0,
+    )
+    assert plain.runbook.endswith("#deadlock_confirmed") and "blame" not in plain.summary
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md").read_text()
+    for blame in Blame:
+        assert f"\n### blame_{blame}\n" in guide, f"runbook entry for blame {blame}"
