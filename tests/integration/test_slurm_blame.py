@@ -8,6 +8,8 @@ A requeueable ``sbatch`` job (two simulated ranks writing real progress files, r
 - the hang is ``deadlock_confirmed`` at once (no ``confirm_after_s`` window) with ``blame`` ``node``;
 - the real Slurm drains the node (``sinfo -R`` shows ``gpu-watchdog: GPU 1 Xid 79``) and requeues the
   job (``scontrol requeue``: its ``Restarts`` rises) instead of cancelling it;
+- ``slurm-health-check`` reads the same fault from the daemon's node verdict (exit 1, the same
+  reason), and says healthy once the fault has aged out;
 - the operator resumes the node (``scontrol update NodeName=... State=RESUME``), the fault gone; the same
   job starts again, hangs again at the same step, and is judged as today: ``deadlock_suspected``, then
   ``deadlock_confirmed`` after the window, blame ``job`` - and cancelled, not refused as a
@@ -39,7 +41,13 @@ from gpu_triage.signals.health.monitor import HealthMonitor
 from gpu_triage.telemetry.none import NoneSource
 from tests.conftest import REPO
 from tests.integration.slurm_cluster import NODE, SlurmCluster
-from tests.integration.test_slurm import JOB_USER, _job_python, _require_cluster_parts, _wrapper
+from tests.integration.test_slurm import (
+    JOB_USER,
+    _health_check,
+    _job_python,
+    _require_cluster_parts,
+    _wrapper,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -151,12 +159,14 @@ def test_a_hang_after_an_xid_drains_the_node_and_requeues_the_job_and_its_next_h
 
         watch(lambda: (restarts(shown(job)) or 0) >= 1, 120, "the requeue (Restarts=1)")
         first_hang = list(statuses)
+        unhealthy_check = _health_check(cluster, daemon.http.url)  # the node verdict, report only
         node_state, node_reason = cluster.node_state()
         sinfo_r = cluster.run("sinfo", "-R", "-h", "-o", "%N|%E").stdout.strip()
 
         # The operator replaces the GPU (the Xid ages out of the hold) and resumes the node; the requeued
         # job starts again.
         watch(lambda: str(daemon._node_health.level) == "healthy", HOLD_S + 60, "the node healthy again")
+        healthy_check = _health_check(cluster, daemon.http.url)
         cluster.run("scontrol", "update", f"NodeName={NODE}", "State=RESUME")
         cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)  # no requeue hold-off
         mark = len(statuses)
@@ -197,6 +207,10 @@ def test_a_hang_after_an_xid_drains_the_node_and_requeues_the_job_and_its_next_h
     assert first_confirmed["blame"] == "node" and any(
         s.startswith("hardware_fault:gpu 1 xid 79") for s in first_confirmed["signals"]
     )
+    # slurm-health-check reads the daemon's node verdict: unhealthy names the fault, healthy again is 0.
+    assert unhealthy_check.returncode == 1, (unhealthy_check.stdout, unhealthy_check.stderr)
+    assert "gpu-watchdog: GPU 1 Xid 79" in unhealthy_check.stdout, unhealthy_check.stdout
+    assert healthy_check.returncode == 0 and "healthy" in healthy_check.stdout, healthy_check.stdout
     # The node is drained with the fault as its reason; the job requeued, not cancelled.
     assert node_state in ("drained", "draining", "drain"), (node_state, node_reason)
     assert node_reason == "gpu-watchdog: GPU 1 Xid 79", node_reason

@@ -249,6 +249,7 @@ def test_a_correctable_ecc_burst_and_a_pcie_width_drop_never_make_a_kill_and_sta
 
 def test_a_node_of_the_job_lost_blames_the_node():
     assert blame.node_lost("node gpu-b7 lost: no fleet facts for 90 s") == "gpu-b7"
+    assert blame.node_lost("node gpu-b7, gpu-b8 lost") == "gpu-b7, gpu-b8"  # several nodes (issue 26)
     assert blame.node_lost("waiting_on_other_nodes") is None
     assert blame.node_lost(None) is None
     hw = blame.judge((0, 1), HEALTHY)

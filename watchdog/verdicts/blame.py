@@ -42,7 +42,7 @@ HARDWARE_BLAMES = frozenset({Blame.NODE, Blame.NETWORK})
 #: Verdicts that are no problem: they blame nobody (``job``, the default), whatever the hardware says.
 UNBLAMED = frozenset({Verdict.HEALTHY, Verdict.CHECKPOINT, Verdict.DONE})
 
-_NODE_LOST = re.compile(r"^node (\S{1,255}) lost\b")
+_NODE_LOST = re.compile(r"^node (\S[^:]{0,1000}?) lost\b")
 
 
 @dataclass(frozen=True, slots=True)
