@@ -291,3 +291,29 @@ def test_a_node_blamed_hang_pages_with_its_blame_and_the_runbook_entry_for_it() 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md").read_text()
     for blame in Blame:
         assert f"\n### blame_{blame}\n" in guide, f"runbook entry for blame {blame}"
+
+
+def test_a_failed_drain_is_tried_again_a_minute_later_not_every_cycle(
+    tmp_path: Path, store: EventStore
+) -> None:
+    from gpu_triage.actions.drain import DRAIN_RETRY_S
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    script = bin_dir / "scontrol"  # slurmctld down for the first call
+    script.write_text(
+        f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -gt 1 ] || {{ echo down >&2; exit 1; }}\n'
+    )
+    script.chmod(0o755)
+    clock = FakeClock()
+    eng = make_engine(store, tmp_path, clock, drain=True, slurm_bin_dir=bin_dir)
+    d = Driver(eng, clock)
+    try:
+        for _ in range(int(DRAIN_RETRY_S) + 5):
+            cycle(d, Mode.ALERT, [], None, health(xid(2, 48)))
+    finally:
+        eng.close()
+    results = [(r["result"], r.get("retry_in_s")) for r in d.records if r["action"] == "drain"]
+    assert results == [("started", None), ("error", DRAIN_RETRY_S), ("started", None), ("ok", None)], results
+    assert len(calls.read_text().splitlines()) == 2

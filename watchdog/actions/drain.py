@@ -20,7 +20,8 @@ Slurm name ``actions.slurm_node_name`` (empty: the daemon's ``node``). Only with
 and the mode ``alert`` or ``kill`` (observe records ``drain/not_armed``); ``dry_run`` records the
 command without running it. Each fault drains once (its key - GPU, kind, Xid, first sighting - is kept
 in ``actions.drained``), so an operator's ``scontrol update NodeName=X State=RESUME`` is not undone by
-the same fault still in the log; a new fault drains again.
+the same fault still in the log; a new fault drains again; a drain that failed is tried again
+``DRAIN_RETRY_S`` later.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from gpu_triage.model.states import Mode, Verdict
 
 KV_DRAINED = "actions.drained"
 MAX_DRAINED_KEYS = 200
+DRAIN_RETRY_S = 60.0
+"""A drain that failed (slurmctld restarting, scontrol timing out) is tried again this much later."""
 REASON_PREFIX = "gpu-watchdog: "
 MAX_REASON_CHARS = 120
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -129,13 +132,14 @@ class NodeDrainer:
         saved = kv.get(KV_DRAINED, [])
         self._drained: list[str] = [k for k in saved if isinstance(k, str)] if isinstance(saved, list) else []
         self._noted: set[str] = set()
+        self._retry_at: dict[str, float] = {}
 
     def on_cycle(
         self, now: float, mode: Mode, jobs: Sequence[JobStatus], health: NodeHealth, records: Records
     ) -> None:
         self.collect(now, records)
         for req in drain_requests(jobs, health):
-            if req.key in self._drained:
+            if req.key in self._drained or now < self._retry_at.get(req.key, now):
                 continue
             if not self.actions.drain:
                 self._note(req, "off", now, records, Result.SKIPPED, why="actions.drain is false")
@@ -173,6 +177,11 @@ class NodeDrainer:
             except queue.Empty:
                 return
             result = Result.OK if done.ok else Result.ERROR
+            if not done.ok:  # not drained: the same fault tries again after DRAIN_RETRY_S
+                self._retry_at[done.request.key] = now + DRAIN_RETRY_S
+                self._drained = [k for k in self._drained if k != done.request.key]
+                self._kv.set(KV_DRAINED, self._drained, now)
+                done.details["retry_in_s"] = DRAIN_RETRY_S
             self._record(records, now, done.request, result, argv=list(done.argv), **done.details)
 
     def _run(self, req: DrainRequest, argv: tuple[str, ...]) -> None:
