@@ -216,3 +216,61 @@ def test_a_status_nested_too_deeply_is_a_clean_error_not_a_crash() -> None:
     with pytest.raises(ValueError, match="not a JSON object"):
         parse_status(b"[1]")
     assert parse_status(b'{"node": "x"}') == {"node": "x"}
+
+
+@pytest.mark.slow
+def test_a_real_daemons_node_verdict_reaches_the_npd_plugin_and_the_slurm_health_check(
+    tmp_path: Path,
+) -> None:
+    """``gpu-watchdog run --source sim`` follows a kernel log file; an Xid 79 line in NVIDIA's format
+    for simulated GPU 3's bus id turns the node unhealthy in its /status: the NPD plugin says NonOK
+    naming it, ``slurm-health-check`` names it as a drain reason - healthy (0) before the line."""
+    import httpx
+
+    from gpu_triage.telemetry.sim import sim_bus_id
+    from tests.watchdog.test_daemon import GPU_WATCHDOG, free_port, stop, wait_for, write_config
+    from tests.watchdog.test_health_daemon import kernel_line
+
+    port = free_port()
+    kern = tmp_path / "kern.log"
+    kern.write_text("")
+    cfg = write_config(tmp_path / "config.toml", tmp_path / "state", tmp_path / "progress", port)
+    with open(cfg, "a") as f:
+        f.write(f'[health]\nkernel_log = "off"\nkernel_log_file = "{kern}"\n')
+    proc = subprocess.Popen(
+        [*GPU_WATCHDOG, "run", "--config", str(cfg), "--source", "sim"],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*GPU_WATCHDOG, "slurm-health-check", "--url", base, "--node", "gpu-a17", "--tries", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    try:
+        wait_for(lambda: httpx.get(f"{base}/healthz", timeout=2).status_code == 200, 60, "/healthz 200")
+        before, before_check = plugin(base), check()
+        with kern.open("ab") as f:
+            f.write(kernel_line(sim_bus_id(3), 79, "npd-test").split(b">", 1)[1])  # a file has no <level>
+        wait_for(
+            lambda: httpx.get(f"{base}/status", timeout=2).json()["node_health"]["level"] == "unhealthy",
+            30,
+            "the node unhealthy",
+        )
+        after, after_check = plugin(base), check()
+    finally:
+        code = stop(proc)
+        out = proc.stdout.read() if proc.stdout else ""
+    assert code == 0, out[-3000:]
+    assert (before.returncode, before.stdout.strip()) == (0, "healthy"), before
+    assert before_check.returncode == 0, before_check.stdout
+    assert after.returncode == 1 and after.stdout.strip() == "unhealthy: GPU 3 Xid 79", after
+    assert after_check.returncode == 1 and "gpu-watchdog: GPU 3 Xid 79" in after_check.stdout, after_check
