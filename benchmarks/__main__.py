@@ -29,6 +29,7 @@ BENCHES = {
     "integrations": "benchmarks.bench_integrations",
     "fleet": "benchmarks.bench_fleet",
     "hostile": "benchmarks.bench_hostile",
+    "node_health": "benchmarks.bench_node_health",
 }
 
 

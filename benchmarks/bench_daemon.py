@@ -38,7 +38,8 @@ CPU_BASELINE_PERCENT = 3.0
 CHILD = r"""
 import sys, time
 from gpu_triage.daemon.config import load_config, override
-from gpu_triage.daemon.loop import Daemon, install_signal_handlers
+from gpu_triage.daemon.loop import Daemon
+from gpu_triage.daemon.reload import install_signal_handlers
 from gpu_triage.telemetry.sim import SimSource
 port, state, progress, start = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 config = override(load_config(None, {}), {"daemon.listen": f"127.0.0.1:{port}", "daemon.state_dir": state,

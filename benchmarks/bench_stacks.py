@@ -41,7 +41,8 @@ EXTRA_BUDGET = 0.01
 CHILD = r"""
 import sys, time
 from gpu_triage.daemon.config import load_config, override
-from gpu_triage.daemon.loop import Daemon, install_signal_handlers
+from gpu_triage.daemon.loop import Daemon
+from gpu_triage.daemon.reload import install_signal_handlers
 from gpu_triage.telemetry.sim import SimSource
 port, state, progress, start, gpus, stacks, scenario = sys.argv[1:8]
 config = override(load_config(None, {}), {"daemon.listen": f"127.0.0.1:{port}", "daemon.state_dir": state,

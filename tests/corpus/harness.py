@@ -37,8 +37,8 @@ from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.health import UNKNOWN_HEALTH, NodeHealth
 from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.states import KILL_WORTHY_VERDICTS, Mode, Verdict
-from gpu_triage.signals.processes import RankProcess
 from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.rank_process import RankProcess
 from gpu_triage.signals.stacks.dumps import Frame, RankStack, StackSummary, ThreadStack, classify
 from gpu_triage.verdicts.detector import Detector, DetectorConfig, GpuView, JobView
 from gpu_triage.verdicts.fusion import job_views

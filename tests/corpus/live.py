@@ -24,7 +24,7 @@ from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.engine import ActionEngine
 from gpu_triage.actions.silences import SilenceBook
 from gpu_triage.alerts.config import AlertsConfig
-from gpu_triage.daemon.loop import progress_claims
+from gpu_triage.daemon.observe import progress_claims
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.states import Mode
 from gpu_triage.signals.processes import ProcessInspector

@@ -24,6 +24,7 @@ of the ranks' GPUs (what NVML would list); everything after the map is the daemo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -35,9 +36,9 @@ from pathlib import Path
 import pytest
 
 from gpu_triage.actions.requeue import restarts
+from gpu_triage.daemon import loop as loop_module
 from gpu_triage.daemon.config import load_config, override
 from gpu_triage.daemon.loop import Daemon
-from gpu_triage.signals.health.monitor import HealthMonitor
 from gpu_triage.telemetry.none import NoneSource
 from tests.conftest import REPO
 from tests.integration.slurm_cluster import NODE, SlurmCluster
@@ -120,8 +121,11 @@ def test_a_hang_after_an_xid_drains_the_node_and_requeues_the_job_and_its_next_h
             },
             origin="test",
         )
+        real_env = loop_module.signal_env
+        monkeypatch.setattr(  # what NVML would list for GPUs 0 and 1: their bus ids
+            loop_module, "signal_env", lambda *a: dataclasses.replace(real_env(*a), gpus=tuple(BUS_IDS))
+        )
         daemon = Daemon(config, NoneSource())
-        daemon.health = HealthMonitor(config.health, BUS_IDS)  # what NVML would list for GPUs 0 and 1
         daemon.start()
         loop = threading.Thread(target=daemon.run_forever, daemon=True)
         loop.start()
@@ -165,7 +169,7 @@ def test_a_hang_after_an_xid_drains_the_node_and_requeues_the_job_and_its_next_h
 
         # The operator replaces the GPU (the Xid ages out of the hold) and resumes the node; the requeued
         # job starts again.
-        watch(lambda: str(daemon._node_health.level) == "healthy", HOLD_S + 60, "the node healthy again")
+        watch(lambda: str(daemon.node_health.level) == "healthy", HOLD_S + 60, "the node healthy again")
         healthy_check = _health_check(cluster, daemon.http.url)
         cluster.run("scontrol", "update", f"NodeName={NODE}", "State=RESUME")
         cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)  # no requeue hold-off

@@ -21,7 +21,7 @@ from gpu_triage.daemon.config import ActionsConfig, AlertsConfig, SinkConfig
 from gpu_triage.journal.eventstore import EventStore
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import GpuState, Mode, Verdict
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.rank_process import RankProcess
 from tests.watchdog.snapshots import T0, gpu_status
 from tests.watchdog.test_alerts import make_job
 from tests.watchdog.test_delivery import FakeClock, Receiver, free_port, receiver, secret_file, wait_until

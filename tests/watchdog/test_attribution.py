@@ -23,9 +23,11 @@ import pytest
 
 from ft_trainer.progress import ProgressWriter
 from gpu_triage.daemon.config import load_config, override
-from gpu_triage.daemon.loop import Daemon, progress_claims
-from gpu_triage.signals.processes import ProcessInspector, ProgressClaim, judge_claim
+from gpu_triage.daemon.loop import Daemon
+from gpu_triage.daemon.observe import progress_claims
+from gpu_triage.signals.processes import ProcessInspector, judge_claim
 from gpu_triage.signals.progress import ProgressReader
+from gpu_triage.signals.rank_process import ProgressClaim
 from gpu_triage.telemetry.none import NoneSource
 from gpu_triage.verdicts.fusion import job_views
 from tests.conftest import in_ci

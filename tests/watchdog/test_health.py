@@ -4,6 +4,7 @@ verdict from findings, and NVML health reads and events through the fake NVML (t
 from __future__ import annotations
 
 import errno
+import json
 import os
 import time
 from pathlib import Path
@@ -676,3 +677,300 @@ def test_the_status_command_shows_bus_ids_health_and_each_reason() -> None:
     # a daemon without the health signal (older) still renders
     del status["node_health"]
     assert "Node health" not in render(status, "http://x")
+
+
+# -- in the daemon: the registered signal, every cycle ----------------------------------------------------
+
+
+def test_a_daemon_on_the_fake_nvml_publishes_the_node_verdict_every_cycle(tmp_path: Path) -> None:
+    """The registered ``health`` signal with the NVML health reader the daemon builds for an NVML
+    source: a row-remap failure on GPU 4 and an Xid 48 event on GPU 1 make the node unhealthy in the
+    snapshot with no job at all, and the change is an event."""
+    from gpu_triage.daemon.config import load_config, override
+    from gpu_triage.daemon.loop import Daemon
+
+    config = override(
+        load_config(None, {}),
+        {
+            "daemon.state_dir": str(tmp_path / "state"),
+            "progress.dir": str(tmp_path / "progress"),
+            "health.kernel_log": "off",
+            "health.poll_interval_s": 0.5,
+            "stacks.enabled": False,
+        },
+        origin="test",
+    )
+    fake = fake_nvml.row_remap(gpus=8, gpu=4, pending=False, failure=True)
+    source = NvmlSource(deadline_s=1.0, nvml=fake)
+    daemon = Daemon(config, source, serve_http=False)
+    daemon.start()
+    try:
+        snap = daemon.cycle(daemon.clock())
+        assert snap.jobs == () and snap.node_health.level is HealthLevel.UNHEALTHY
+        assert [f.kind for f in snap.node_health.gpu(4).findings] == [FaultKind.ROW_REMAP_FAILURE]
+        assert snap.gpus[4].pci_bus_id == snap.node_health.gpu(4).pci_bus_id == fake.boards[4].pci_bus_id
+        assert snap.signals["health"]["nvml"]["events"] is True
+        fake.inject_xid(1, 48)
+        deadline = time.monotonic() + 5
+        while not daemon.node_health.gpu(1).findings and time.monotonic() < deadline:
+            time.sleep(0.05)
+            snap = daemon.cycle(daemon.clock())
+        (xid,) = snap.node_health.gpu(1).findings
+        assert (xid.xid, xid.source, xid.action) == (48, FaultSource.NVML_EVENT, OperatorAction.DRAIN_NODE)
+        assert daemon.store is not None
+        events = [e for e in daemon.store.since(0, 1000) if e.kind == "health"]
+        assert any(e.gpu == 4 and e.payload["level"] == "unhealthy" for e in events), events
+    finally:
+        daemon.close()
+    assert fake.event_sets and fake.event_sets[0].freed
+
+
+def test_a_node_signal_that_raises_or_sets_a_foreign_field_is_reported_and_the_others_go_on() -> None:
+    from gpu_triage.daemon.config import Config
+    from gpu_triage.daemon.observe import SignalSet
+    from gpu_triage.signals.signal import SignalEnv, SignalKind
+
+    class Broken:
+        def __init__(self, settings: object, env: SignalEnv) -> None:
+            self.started = False
+
+        def start(self) -> None:
+            self.started = True
+
+        def node_facts(self, now: float) -> dict[str, object]:
+            raise RuntimeError("the driver is gone")
+
+        def contribute(self, now: float, jobs: object) -> dict[str, object]:
+            return {}
+
+        def status(self) -> dict[str, object]:
+            return {}
+
+        def reload(self, settings: object, env: SignalEnv) -> Broken:
+            return self
+
+        def close(self) -> None:
+            pass
+
+    class Sneaky(Broken):
+        def node_facts(self, now: float) -> dict[str, object]:
+            return {"mode": "kill"}
+
+    class Fine(Broken):
+        def node_facts(self, now: float) -> dict[str, object]:
+            return {"node_health": "ok"}
+
+    kinds = [
+        SignalKind("broken", "health", Broken, ("broken",)),
+        SignalKind("sneaky", "health", Sneaky, ("sneaky",)),
+        SignalKind("fine", "health", Fine, ("fine",)),
+    ]
+    signals = SignalSet(Config(), SignalEnv(), kinds)
+    signals.start()
+    assert all(s.started for s in signals.signals.values())  # type: ignore[attr-defined]
+    assert signals.node_facts(1.0) == {"node_health": "ok"}
+    assert signals.node_errors["broken"] == "RuntimeError: the driver is gone"
+    assert "not fields a signal may set" in signals.node_errors["sneaky"]
+
+
+def test_a_replayed_recording_and_its_kernel_log_file_give_the_node_verdict(tmp_path: Path) -> None:
+    """The replay source's GPUs carry the made-up bus ids (an nvidia-smi CSV names none); the
+    recording's kernel log, given as ``kernel_log_file``, is read from its start onto them."""
+    from gpu_triage.daemon.build import signal_env
+    from gpu_triage.daemon.config import load_config, override
+    from gpu_triage.signals.health.signal import HealthSignal
+    from gpu_triage.telemetry.bus_ids import sim_bus_id
+    from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
+    from gpu_triage.telemetry.replay import ReplaySource
+    from gpu_triage.telemetry.sim import Scenario
+
+    rec = tmp_path / "hang.csv"
+    write_nvsmi_csv(
+        rec,
+        Scenario.symmetric_hang(5, 30, model="H100", gpus=4, power_limit_w=700.0),
+        10,
+        rate_hz=1,
+        with_index=True,
+    )
+    log = tmp_path / "kern.log"
+    log.write_text(
+        "Dec  6 01:00:00 node kernel: [ 12.5] NVRM: Xid (PCI:0000:43:00): 95, pid=7, Uncontained: FBHUB\n"
+    )
+    source = ReplaySource(rec)
+    assert [g.pci_bus_id for g in source.gpus()] == [sim_bus_id(g) for g in range(4)]
+    assert source.sample(0.0)[1].pci_bus_id == sim_bus_id(1)
+    config = override(
+        load_config(None, {}), {"health.kernel_log": "off", "health.kernel_log_file": str(log)}, origin="test"
+    )
+    signal = HealthSignal(config.health, signal_env(config, source, time.monotonic))
+    signal.start()
+    health = signal.node_facts(3.0)["node_health"]
+    (finding,) = health.gpu(1).findings  # type: ignore[attr-defined]
+    assert (finding.xid, finding.action, finding.level) == (
+        95,
+        OperatorAction.RESET_GPU,
+        HealthLevel.UNHEALTHY,
+    )
+    assert signal.status()["kernel_log"][0]["source"] == "file"
+    signal.close()
+
+
+def test_the_status_documents_node_health_matches_its_openapi_schema() -> None:
+    """/status with every kind of finding validates against StatusDoc (extra fields forbidden): the
+    OpenAPI description and the document cannot drift apart."""
+    from gpu_triage.model.snapshot import Snapshot
+    from gpu_triage.model.states import Mode
+    from gpu_triage.serving.api import NodeHealthDoc, StatusDoc, status_document
+
+    book = HealthBook(GPUS)
+    book.add_event(HardwareEvent(FaultKind.XID, FaultSource.KERNEL_LOG, 1.0, gpu=3, xid=79))
+    book.add_event(
+        HardwareEvent(FaultKind.XID, FaultSource.NVML_EVENT, 1.0, pci_bus_id="00000000:04:00.0", xid=4242)
+    )
+    book.add_readings(
+        [reading(0, remap_pending=True, throttle_reasons=0xE8, pcie_width=4, pcie_width_max=16)], 1.0
+    )
+    snapshot = Snapshot(
+        node="n", source="sim", mode=Mode.OBSERVE, armed=False, cycle=1, time=1.0, period_s=1.0,
+        node_health=book.node_health(1.0),
+    )  # fmt: skip
+    document = json.loads(json.dumps(status_document(snapshot)))
+    StatusDoc.model_validate(document)
+    NodeHealthDoc.model_validate(document["node_health"])
+    assert document["node_health"]["level"] == "unhealthy"
+    assert document["node_health"]["findings"][0]["xid"] == 4242
+
+
+def test_the_journal_fallback_reads_a_real_child_without_blocking_and_stops_it(tmp_path: Path) -> None:
+    """Where /dev/kmsg cannot be read, ``journalctl -k -f`` is the kernel log: a real child process
+    (a stand-in script with journalctl's output form) read from a non-blocking pipe, partial lines
+    kept, stopped at close."""
+    from gpu_triage.signals.health.kernel_log import JournalReader
+
+    script = tmp_path / "journalctl"
+    script.write_text(
+        "#!/bin/sh\n"
+        'echo "$@" > "$(dirname "$0")/args"\n'
+        "printf 'NVRM: Xid (PCI:0000:61:00): 79, pid=1, off the bus.\\nNVRM: Xid (PCI:0000:1b'\n"
+        "sleep 0.5\n"
+        "printf ':00): 13, Graphics Exception\\n'\n"
+        "exec sleep 60\n"
+    )
+    script.chmod(0o755)
+    reader = JournalReader(str(script))
+    try:
+        start = time.perf_counter()
+        lines: list[str] = reader.poll()  # whatever is there now (maybe nothing yet): never waits
+        assert time.perf_counter() - start < 0.5
+        deadline = time.monotonic() + 10
+        while len(lines) < 2 and time.monotonic() < deadline:
+            lines += reader.poll()
+            time.sleep(0.05)
+        assert [parse_line(line).xid for line in lines] == [79, 13]  # type: ignore[union-attr]
+        assert (tmp_path / "args").read_text().split() == ["-k", "-f", "-n", "0", "-o", "cat", "--no-pager"]
+        proc = reader._proc
+        assert proc is not None and proc.poll() is None
+    finally:
+        reader.close()
+    assert proc.poll() is not None  # stopped, not left behind
+
+
+def test_auto_falls_back_to_the_journal_when_dev_kmsg_cannot_be_opened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpu_triage.signals.health import kernel_log, monitor
+
+    def denied(*_args: object, **_kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    class Journal:
+        name = "journal"
+
+        def __init__(self) -> None:
+            pass
+
+    monkeypatch.setattr(kernel_log.KmsgReader, "__init__", denied)
+    monkeypatch.setattr(monitor, "JournalReader", Journal)
+    source, problem = monitor.open_kernel_log("auto")
+    assert isinstance(source, Journal) and problem is None
+    source, problem = monitor.open_kernel_log("kmsg")
+    assert source is None and problem == "/dev/kmsg: Permission denied"
+
+
+def test_the_journal_child_dies_with_the_daemon(tmp_path: Path) -> None:
+    """A daemon killed outright (SIGKILL: no close) leaves no journalctl behind."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "journalctl"
+    script.write_text('#!/bin/sh\necho $$ > "$(dirname "$0")/pid"\nexec sleep 60\n')
+    script.chmod(0o755)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from gpu_triage.signals.health.kernel_log import JournalReader\n"
+            f"r = JournalReader({str(script)!r})\n"
+            "print('started', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "started"
+        pid_file = tmp_path / "pid"
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child = int(pid_file.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            status = (
+                Path(f"/proc/{child}/stat").read_text().split()[2] if Path(f"/proc/{child}").exists() else "X"
+            )
+            if status == "Z":
+                break  # dead, waiting for its new parent to reap it
+            time.sleep(0.05)
+        alive = Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
+        assert not alive, "journalctl outlived the daemon"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_a_board_with_fewer_links_than_nvmls_maximum_is_probed_once_and_reads_clean(nvml_open) -> None:
+    """An A100 has 12 NVLinks, NVML's maximum is 18: link 12 answers InvalidArgument. That is the
+    board's link count, learnt once - not a read error every poll."""
+    fake = fake_nvml.basic(2)
+    for board in fake.boards:
+        board.nvlink_links = 12
+    _source, _reader, monitor = nvml_open(fake)
+    for t in (1.0, 2.0, 3.0):
+        health = monitor.sample(t)
+        assert not health.read_errors, health.read_errors
+    assert fake.calls_to("nvmlDeviceGetNvLinkState", 0) == 13 + 12 + 12
+    fake.boards[0].nvlink_down = {11}
+    (finding,) = monitor.sample(4.0).gpu(0).findings
+    assert finding.detail == "NVLink down: link 11"
+    monitor.close()
+
+
+def test_an_xid_reported_by_both_nvml_and_the_kernel_log_counts_once() -> None:
+    """On an NVML node with a readable kernel log every Xid arrives twice: as an NVML event and as a
+    kernel line. The count is the most any one source saw, not the sum."""
+    book = HealthBook(GPUS)
+    for t in (1.0, 5.0):
+        book.add_event(HardwareEvent(FaultKind.XID, FaultSource.NVML_EVENT, t, gpu=2, xid=48))
+        book.add_event(
+            HardwareEvent(FaultKind.XID, FaultSource.KERNEL_LOG, t + 0.5, pci_bus_id=GPUS[2][1], xid=48)
+        )
+    health = book.node_health(6.0)
+    (finding,) = health.gpu(2).findings
+    assert finding.count == 2 and finding.last_seen == 5.5
+    assert [(x.gpu, x.xid, x.count) for x in health.xid_totals] == [(2, 48, 2)]

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpu_triage.telemetry.sim import sim_bus_id
+from gpu_triage.telemetry.bus_ids import sim_bus_id
 from tests.conftest import REPO
 from tests.watchdog.test_daemon import GPU_WATCHDOG, free_port, stop, wait_for, write_config
 
@@ -72,7 +72,7 @@ def test_xid_79_written_to_dev_kmsg_reaches_simulated_gpu_3_in_status_and_metric
         wait_for(lambda: httpx.get(f"{base}/healthz", timeout=2).status_code == 200, 60, "/healthz 200")
         first = httpx.get(f"{base}/status", timeout=2).json()
         assert [g["pci_bus_id"] for g in first["gpus"]][3] == bus3
-        assert first["node_health"]["readers"]["kernel_log"][0]["source"] == "kmsg"
+        assert first["signals"]["health"]["kernel_log"][0]["source"] == "kmsg"
         # Before the line, GPU 3 names no Xid (another test on this machine may have written others).
         gpu3 = first["node_health"]["gpus"][3]
         assert not any("Xid 79" in r for r in gpu3["reasons"]), gpu3
@@ -117,6 +117,72 @@ def test_xid_79_written_to_dev_kmsg_reaches_simulated_gpu_3_in_status_and_metric
         assert power and f'pci_bus_id="{bus3}"' in power[0], power
         assert 'gpu_watchdog_node_health{level="unhealthy"} 1.0' in metrics
         assert time.monotonic() - written < 30
+    finally:
+        code = stop(proc)
+        out = proc.stdout.read() if proc.stdout else ""
+    assert code == 0, out[-3000:]
+    assert f"health: GPU 3 ({bus3}) healthy -> unhealthy: Xid 79: GPU has fallen off the bus" in out, out[
+        -3000:
+    ]
+
+
+@pytest.mark.slow
+def test_a_replay_with_its_kernel_log_file_shows_the_recorded_xid(tmp_path: Path):
+    """``run --source replay:FILE --kernel-log-file LOG``: the recording's kernel log (a syslog file)
+    is read from its start onto the replayed GPUs' bus ids; kmsg is off, so nothing else interferes."""
+    from gpu_triage.telemetry.recording_writer import write_nvsmi_csv
+    from gpu_triage.telemetry.sim import Scenario
+
+    rec = tmp_path / "rec.csv"
+    hang = Scenario.symmetric_hang(20, 600, model="H100", gpus=4, power_limit_w=700.0)
+    write_nvsmi_csv(rec, hang, 60, rate_hz=2, with_index=True)
+    log = tmp_path / "kern.log"
+    log.write_text(
+        "Dec  6 01:00:00 node-a kernel: [ 100.1] NVRM: Xid (PCI:0000:43:00): 48, pid=9, name=python, "
+        "An uncorrectable double bit error\n"
+        "Dec  6 01:00:01 node-a kernel: [ 100.2] EXT4-fs (nvme0n1p2): re-mounted\n"
+    )
+    port = free_port()
+    cfg = write_config(tmp_path / "config.toml", tmp_path / "state", tmp_path / "progress", port)
+    with open(cfg, "a") as f:
+        f.write('[health]\nkernel_log = "off"\n')
+    proc = subprocess.Popen(
+        [
+            *GPU_WATCHDOG,
+            "run",
+            "--config",
+            str(cfg),
+            "--source",
+            f"replay:{rec}",
+            "--kernel-log-file",
+            str(log),
+        ],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def gpu1() -> dict | None:
+            doc = httpx.get(f"{base}/status", timeout=2).json()
+            g1 = doc["node_health"]["gpus"][1]
+            return doc if any(r.startswith("Xid 48:") for r in g1["reasons"]) else None
+
+        doc = wait_for(gpu1, 60, "Xid 48 on replayed GPU 1")
+        assert doc["gpus"][1]["pci_bus_id"] == sim_bus_id(1)
+        assert doc["node_health"]["gpus"][1]["level"] == "unhealthy"
+        assert [g["level"] for g in doc["node_health"]["gpus"]] == [
+            "healthy",
+            "unhealthy",
+            "healthy",
+            "healthy",
+        ]
+        assert doc["signals"]["health"]["kernel_log"] == [
+            {"source": "file", "lines_read": 2, "overruns": 0, "last_error": None}
+        ]
     finally:
         code = stop(proc)
         out = proc.stdout.read() if proc.stdout else ""

@@ -18,15 +18,14 @@ from ft_trainer.progress import ProgressWriter, progress_dir
 from gpu_triage.signals.progress import (
     FIELDS,
     PHASES,
-    LeaseState,
     ProgressFormatError,
     ProgressReader,
-    StaleReason,
     StepTracker,
     lease_state,
     parse_record,
     stale_reason,
 )
+from gpu_triage.signals.progress_records import LeaseState, StaleReason
 from tests.conftest import REPO
 
 T0 = 1_764_681_234.5

@@ -118,6 +118,8 @@ def test_unit_declares_what_the_design_asks() -> None:
     assert d["RuntimeDirectory"] == ["gpu-watchdog gpu-watchdog/progress"]
     assert d["RuntimeDirectoryPreserve"] == ["yes"]
     assert d["Group"] == ["gpu-train"]
+    # the health signal reads the kernel log through the journal (/dev/kmsg stays closed)
+    assert d["SupplementaryGroups"] == ["systemd-journal"] and d["ProtectKernelLogs"] == ["yes"]
     for key in ("NoNewPrivileges", "PrivateTmp", "ProtectKernelTunables", "ProtectKernelModules"):
         assert d[key] == ["yes"], key
     assert d["ProtectSystem"] == ["strict"] and d["ProtectHome"] == ["read-only"]

@@ -232,7 +232,7 @@ def test_item4_b_cannot_slow_the_node_with_files(users, tmp_path: Path) -> None:
         reads: list[int] = []
 
         def move(tick: int) -> None:
-            reads.append(node.daemon.progress.reads_total)
+            reads.append(node.daemon.observer.progress.reads_total)
 
         try:
             a_ranks = run_victim(node, a, each_tick=move)
@@ -243,7 +243,8 @@ def test_item4_b_cannot_slow_the_node_with_files(users, tmp_path: Path) -> None:
         # B's files are read once (then served from the cache) and never more than B's cap; A's own
         # rewrites (a few per rank) come on top.
         cap = getattr(progress_mod, "MAX_FILES_PER_OWNER", 2048)
-        assert node.daemon.progress.reads_total <= cap + 50, node.daemon.progress.reads_total
+        total = node.daemon.observer.progress.reads_total
+        assert total <= cap + 50, total
         assert reads[-1] - reads[100] < 50, "B's files are not re-read every cycle"
 
 

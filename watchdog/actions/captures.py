@@ -29,7 +29,7 @@ from gpu_triage.model.actions import Action, CaptureState, Result
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.rank_process import RankProcess
 
 log = logging.getLogger("gpu_triage.actions.engine")
 

@@ -78,7 +78,7 @@ from gpu_triage.model.names import printable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode, Verdict
 from gpu_triage.signals.nccl_ras import client as ras
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.rank_process import RankProcess
 from gpu_triage.verdicts.blame import HARDWARE_BLAMES
 
 log = logging.getLogger(__name__)

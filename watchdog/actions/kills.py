@@ -29,7 +29,7 @@ from gpu_triage.model.health import Blame
 from gpu_triage.model.jsonable import finite_number
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import Mode
-from gpu_triage.signals.processes import RankProcess
+from gpu_triage.signals.rank_process import RankProcess
 
 KILL_WINDOW_S = 3600.0
 MAX_SAVED_PIDS = 4096

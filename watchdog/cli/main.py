@@ -217,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["observe", "alert", "kill"],
         help="start in this mode (kill needs it here or in the config: the daemon never arms itself)",
     )
+    r.add_argument(
+        "--kernel-log-file",
+        metavar="FILE",
+        help="a kernel log file for the health signal, read besides /dev/kmsg: the kernel log of a "
+        "replayed recording, or Xid lines fed to --source sim ([health] kernel_log_file)",
+    )
     r.add_argument("--sim-start", type=float, metavar="EPOCH", help=argparse.SUPPRESS)
     r.add_argument("--summary", action="store_true", help="print a one-line state summary every second")
     r.set_defaults(func=cmd_run)

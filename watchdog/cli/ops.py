@@ -100,6 +100,7 @@ def cmd_evidence_report(args: argparse.Namespace) -> int:
 
 def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list[str]]:
     """``(exit code, lines)`` for ``check-config`` (pure apart from reading the files)."""
+    from gpu_triage.daemon.build import start_checks
     from gpu_triage.daemon.config import (
         ConfigError,
         load_config,
@@ -108,7 +109,6 @@ def check_config(config_arg: str | None, env: dict[str, str]) -> tuple[int, list
         resolve_config_path,
         token_file_absent,
     )
-    from gpu_triage.daemon.loop import start_checks
 
     path = resolve_config_path(Path(config_arg) if config_arg else None)
     where = str(path) if path is not None else "defaults and environment (no config file)"

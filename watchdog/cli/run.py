@@ -23,6 +23,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         mode=getattr(args, "mode", None),
         summary=bool(getattr(args, "summary", False)),
         sim_start_s=getattr(args, "sim_start", None),
+        kernel_log_file=path(getattr(args, "kernel_log_file", None)),
     )
 
 

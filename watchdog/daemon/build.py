@@ -1,12 +1,12 @@
 """What the daemon is built from: the parts its :class:`~gpu_triage.daemon.loop.Daemon` constructs from
-the ``Config`` (stack sampler, NCCL RAS poller, fleet poller, detector settings, action engine, HTTP
-server, the state-directory lock) and the checks ``run`` and ``check-config`` make before a first cycle."""
+the ``Config`` (the GPU tracker, the action engine, the HTTP server, the state-directory lock) and the
+checks ``run`` and ``check-config`` make before a first cycle. The signals build themselves from their
+sections (:mod:`gpu_triage.signals.registry`)."""
 
 from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,33 +15,22 @@ from gpu_triage.classify.tracker import GpuTracker
 from gpu_triage.daemon.config import (
     Config,
     ConfigError,
-    detector_config,
     load_token,
     missing_token_note,
     token_file_absent,
 )
 from gpu_triage.daemon.state_lock import StateLock
+from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.health import HealthReader
 from gpu_triage.model.samples import TelemetrySource
-from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
-from gpu_triage.signals.health.monitor import HealthMonitor
-from gpu_triage.signals.nccl_ras.poller import RasPoller
-from gpu_triage.signals.progress import ProgressReader
-from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
-from gpu_triage.verdicts.detector import DetectorConfig
+from gpu_triage.serving.control import QueuedControl
+from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.signals.signal import SignalEnv
 
 if TYPE_CHECKING:
-    from gpu_triage.daemon.loop import Daemon
+    from gpu_triage.serving.http_server import HttpServer
 
 log = logging.getLogger("gpu_watchdog")
-
-
-def boot_id() -> str | None:
-    """The kernel's boot id (the monotonic clock restarts with it), None where unreadable."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read(64).strip() or None
-    except OSError:
-        return None
 
 
 def check_token(config: Config) -> None:
@@ -72,69 +61,31 @@ def validate_classifier(config: Config) -> None:
         raise ConfigError([f"{config.origin}: {key}: {e}"]) from None
 
 
-def detector_settings(config: Config) -> DetectorConfig:
-    """The detector's config: ``[detector]`` with what it takes from ``[stacks]``, ``[daemon]`` and
-    ``[cluster]`` filled in."""
-    return detector_config(config)
+def make_hardware_reader(config: Config, source: TelemetrySource) -> HealthReader | None:
+    """NVML health reads and events for the ``health`` signal when the source is NVML (on the same
+    per-GPU workers and deadlines as its telemetry reads); None for the other sources."""
+    if not config.health.enabled or source.name != "nvml":
+        return None
+    from gpu_triage.telemetry.nvml import NvmlSource
+    from gpu_triage.telemetry.nvml_health import NvmlHealthReader
+
+    return NvmlHealthReader(source) if isinstance(source, NvmlSource) else None
+
+
+def signal_env(config: Config, source: TelemetrySource, clock: Callable[[], float]) -> SignalEnv:
+    """What the registered signals know of the daemon: the node, the timeline, the GPUs (with their
+    PCI bus ids) and the hardware reads the telemetry source offers."""
+    return SignalEnv(
+        config.daemon.node,
+        clock,
+        gpus=tuple((g.gpu, g.pci_bus_id) for g in source.gpus()),
+        hardware=make_hardware_reader(config, source),
+    )
 
 
 def make_tracker(config: Config) -> GpuTracker:
     c = config.classifier
     return GpuTracker(model=c.model, table_path=c.table, dwell_s=dict(c.dwell_s))
-
-
-def make_reader(config: Config) -> ProgressReader:
-    p = config.progress
-    return ProgressReader(p.dir, stale_after_s=p.stale_after_s, host=socket.gethostname())
-
-
-def make_fleet(config: Config, clock: Callable[[], float] = time.time) -> FleetPoller:
-    c = config.cluster
-    return FleetPoller(
-        PollerConfig(
-            prometheus_url=c.prometheus_url,
-            node=config.daemon.node,
-            min_interval_s=c.min_interval_s,
-            timeout_s=c.timeout_s,
-            max_response_bytes=c.max_response_bytes,
-        ),
-        clock=clock,
-    )
-
-
-def make_ras(config: Config, clock: Callable[[], float] = time.time) -> RasPoller:
-    return RasPoller(config.ras, clock=clock)
-
-
-def make_health(config: Config, source: TelemetrySource) -> HealthMonitor:
-    """The node health signal (``[health]``): NVML health reads and events when the source is NVML
-    (under the same deadlines as its telemetry reads), the kernel log always (opened at start)."""
-    reader = None
-    if config.health.enabled and source.name == "nvml":
-        from gpu_triage.telemetry.nvml import NvmlSource
-        from gpu_triage.telemetry.nvml_health import NvmlHealthReader
-
-        if isinstance(source, NvmlSource):
-            reader = NvmlHealthReader(source)
-    return HealthMonitor(config.health, [(g.gpu, g.pci_bus_id) for g in source.gpus()], reader=reader)
-
-
-def make_sampler(config: Config, clock: Callable[[], float] = time.time) -> StackSampler:
-    s = config.stacks
-    return StackSampler(
-        SamplerConfig(
-            enabled=s.enabled,
-            py_spy=s.py_spy,
-            nonblocking=s.nonblocking,
-            healthy_interval_s=s.healthy_interval_s,
-            blind_interval_s=s.blind_interval_s,
-            suspect_interval_s=s.suspect_interval_s,
-            timeout_s=s.timeout_s,
-            budget_cpu_s_per_min=s.budget_cpu_s_per_min,
-            max_parallel=s.max_parallel,
-        ),
-        clock=clock,
-    )
 
 
 def take_state_lock(state_dir: Path) -> StateLock | None:
@@ -156,55 +107,66 @@ def take_state_lock(state_dir: Path) -> StateLock | None:
     return lock
 
 
-def make_actions(d: Daemon, state_dir: Path) -> Any:
+def make_actions(
+    config: Config, store: EventStore | None, state_dir: Path, node: str, clock: Callable[[], float]
+) -> Any:
     """The action engine (alerts, kill ladder), or None without a store (its outbox and kill budget
     live there)."""
     from gpu_triage.actions.engine import ActionEngine
 
-    if d.store is None:
+    if store is None:
         return None
     return ActionEngine(
-        actions=d.config.actions,
-        alerts=d.config.alerts,
-        store=d.store,
+        actions=config.actions,
+        alerts=config.alerts,
+        store=store,
         state_dir=state_dir,
-        node=d.node,
-        generator_url=f"http://{d.config.daemon.listen}/status",
-        max_bundles=d.config.evidence.max_bundles,
-        evidence_retention_s=d.config.evidence.retention_days * 86400.0,
-        clock=d.clock,
+        node=node,
+        generator_url=f"http://{config.daemon.listen}/status",
+        max_bundles=config.evidence.max_bundles,
+        evidence_retention_s=config.evidence.retention_days * 86400.0,
+        clock=clock,
     )
 
 
-def start_http(d: Daemon) -> None:
-    """The REST API and /metrics on ``daemon.listen``, serving the daemon's published snapshots."""
+def start_http(
+    config: Config,
+    *,
+    snapshots: SnapshotHolder,
+    events: EventStore | None,
+    gpus: GpuTracker,
+    control: QueuedControl,
+    node: str,
+    clock: Callable[[], float],
+) -> tuple[Any, HttpServer]:
+    """The REST API and /metrics on ``daemon.listen``, serving the daemon's published snapshots: the
+    app (its token changes on reload) and the started server."""
     from gpu_triage.serving.api import create_app
     from gpu_triage.serving.http_server import HttpServer
 
-    config = d.config
     host, _, port = config.daemon.listen.rpartition(":")
     token = load_token(config)
     if token_file_absent(config):
         log.warning("%s", missing_token_note(config))
     app = create_app(
-        snapshots=d.snapshots,
-        events=d.store,
-        table=lambda: table_doc(d.gpus),
-        control=d.control,
+        snapshots=snapshots,
+        events=events,
+        table=lambda: table_doc(gpus),
+        control=control,
         token=token,
         period_s=config.daemon.period_s,
-        clock=d.clock,
+        clock=clock,
         allowed_hosts=[
             *config.daemon.allowed_hosts,
-            d.node,
+            node,
             socket.gethostname(),
             socket.getfqdn(),  # once, at start (/etc/hosts or DNS)
             host.strip("[]"),
         ],
     )
-    d._app = app
-    d.http = HttpServer(app, host.strip("[]") or "127.0.0.1", int(port))
-    d.http.start()
+    http = HttpServer(app, host.strip("[]") or "127.0.0.1", int(port))
+    http.start()
+    return app, http
 
 
 def table_doc(gpus: GpuTracker) -> dict[str, Any]:

@@ -26,42 +26,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
-from gpu_triage.daemon import health, observe, record
-from gpu_triage.daemon import reload as reloading
 from gpu_triage.daemon.build import (
-    boot_id,
     check_token,
-    detector_settings,
     make_actions,
-    make_fleet,
-    make_health,
-    make_ras,
-    make_reader,
-    make_sampler,
     make_tracker,
+    signal_env,
     start_checks,
     start_http,
     take_state_lock,
-    validate_classifier,
 )
-from gpu_triage.daemon.config import Config, ConfigError
-from gpu_triage.daemon.health import CycleStats
-from gpu_triage.daemon.observe import progress_claims
-from gpu_triage.daemon.reload import install_signal_handlers
+from gpu_triage.daemon.config import (
+    Config,
+    ConfigError,
+    detector_config,
+    missing_token_note,
+    token_file_absent,
+)
+from gpu_triage.daemon.health import CycleStats, HealthBook
+from gpu_triage.daemon.observe import Observer
+from gpu_triage.daemon.record import Recorder
+from gpu_triage.daemon.reload import reread
 from gpu_triage.daemon.sdnotify import SdNotifier
 from gpu_triage.daemon.state_lock import StateLock
-from gpu_triage.daemon.summary import summary_line
 from gpu_triage.journal.eventstore import EventStore, StoreError
 from gpu_triage.model.clock import Clock, ClockStep, Timeline
 from gpu_triage.model.health import UNKNOWN_HEALTH, HealthLevel, NodeHealth
 from gpu_triage.model.samples import GpuSample, TelemetrySource
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, Snapshot
-from gpu_triage.model.states import Mode, Verdict
+from gpu_triage.model.states import Mode
 from gpu_triage.serving.control import QueuedControl
 from gpu_triage.serving.publish import SnapshotHolder
-from gpu_triage.signals.fleet.facts import JobFacts
-from gpu_triage.signals.pods import PodResolver
-from gpu_triage.signals.processes import ProcessInspector, ProcessView
 from gpu_triage.verdicts.detector import Detector
 
 if TYPE_CHECKING:  # the HTTP stack is imported only when the daemon serves
@@ -72,15 +66,13 @@ log = logging.getLogger("gpu_watchdog")
 
 class Daemon:
     """The loop. Construct, :meth:`start` (opens the store and the HTTP server), then
-    :meth:`run_forever` on the main thread; or drive :meth:`cycle` directly in tests."""
+    :meth:`run_forever` on the main thread; or drive :meth:`cycle` directly in tests.
 
-    SILENCES_KEY = record.SILENCES_KEY
-    TIMELINE_KEY = record.TIMELINE_KEY
-    PROGRESS_KEY = record.PROGRESS_KEY
-    DETECTOR_KEY = record.DETECTOR_KEY
-    EPISODE_STATE_MAX_AGE_S = record.EPISODE_STATE_MAX_AGE_S
-    EPISODE_SAVE_EVERY_S = record.EPISODE_SAVE_EVERY_S
-    EPISODE_REFRESH_S = record.EPISODE_REFRESH_S
+    It composes the parts that own their state - the :class:`~gpu_triage.daemon.observe.Observer`
+    (progress files, processes, the registered signals), the detector, the
+    :class:`~gpu_triage.daemon.record.Recorder` (the store and what a restart continues from) and the
+    :class:`~gpu_triage.daemon.health.HealthBook` (failed and degraded cycles) - and holds only what
+    they share: the config, the timeline, the mode, the latest jobs and the published snapshots."""
 
     def __init__(
         self,
@@ -98,7 +90,6 @@ class Daemon:
         self.config = config
         self.config_path = config_path
         self.overrides = dict(overrides or {})
-        self._app: Any = None
         self.source = source
         self.timeline = Timeline(clock)
         """Every duration is a difference on this monotonic timeline (gpu_triage.model.clock)."""
@@ -110,49 +101,41 @@ class Daemon:
         self.snapshots = SnapshotHolder()
         self.control = QueuedControl()
         self.mode: Mode = config.actions.mode
-        self.stats = CycleStats()
         self.started_at = self.clock()
         self.gpus = make_tracker(config)
-        self.detector = Detector(detector_settings(config))
-        self.stacks = make_sampler(config, self.clock)
-        self.ras = make_ras(config, self.clock)
-        self.fleet = make_fleet(config, self.clock)
-        self.health = make_health(config, source)
-        """The node health signal (signals/health): Xid, ECC, NVLink... into a NodeHealth per cycle."""
-        self._node_health: NodeHealth = UNKNOWN_HEALTH
-        """The node's hardware health this cycle: the detector's blame and the engine's drains read it."""
-        self._fleet_facts: tuple[JobFacts, ...] = ()
-        self.progress = make_reader(config)
-        self.inspector = ProcessInspector()
-        self.pods = PodResolver()  # Kubernetes pod of each rank (gpu_triage.signals.pods); none outside one
-        self.store: EventStore | None = None
+        self.detector = Detector(detector_config(config))
+        self.observer = Observer(config, self.gpus, signal_env(config, source, self.clock))
+        self.node_health: NodeHealth = UNKNOWN_HEALTH
+        """The node verdict this cycle (the ``health`` signal); in every snapshot as ``node_health``."""
+        self.recorder = Recorder(self.timeline)
+        self.health = HealthBook()
+        self.app: Any = None
+        """The HTTP app while serving (its token is replaced on reload)."""
         self.http: HttpServer | None = None
         self.notifier = SdNotifier()
         self.actions = actions
+        self.cycle_no = 0
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._last_process_s: float | None = None
         self._jobs: tuple[JobStatus, ...] = ()
-        self._verdicts: dict[str, Verdict] = {}
         self._last_sample_time: float | None = None
         self._wall: float | None = None
-        self._boot_id = boot_id()
-        self._episode_saved: tuple[int, Any] | None = None
-        self._episode_saved_at: float | None = None
         self._sample_duration_s = 0.0
-        self._process_view: ProcessView | None = None
-        self._untrusted: tuple[dict[str, Any], ...] = ()
-        self._silences_saved = 0
-        self.cycle_no = 0
-        self.failed_cycles = 0
-        self._last_cycle_error: str | None = None
-        self._progress_errors: tuple[dict[str, Any], ...] = ()
-        self._actions_error: str | None = None
-        self._logged_job_errors: dict[str, str] = {}
-        self._persist_errors: dict[str, str] = {}
-        self.degraded_cycles = 0
-        """Cycles that failed, or in which a job could not be judged or recorded (never only 3 in a row)."""
         self._state_lock: StateLock | None = None
+
+    @property
+    def store(self) -> EventStore | None:
+        """The event store (the recorder's), None before :meth:`start` or without one."""
+        return self.recorder.store
+
+    @property
+    def stats(self) -> CycleStats:
+        return self.health.stats
+
+    @property
+    def failed_cycles(self) -> int:
+        return self.health.failed_cycles
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -174,7 +157,7 @@ class Daemon:
         self._state_lock = take_state_lock(state_dir)
         ev = self.config.events
         try:
-            self.store = EventStore(
+            self.recorder.store = EventStore(
                 state_dir,
                 self.clock(),
                 retention_s=ev.retention_days * 86400,
@@ -184,7 +167,7 @@ class Daemon:
             )
         except (StoreError, OSError) as e:
             log.error("event store unavailable, running without it: %s", e)
-            self.store = None
+            self.recorder.store = None
         self._event(
             "daemon",
             {
@@ -195,15 +178,24 @@ class Daemon:
                 "config": self.config.origin,
             },
         )
-        self.health.open()
-        record.restore_timeline(self)
-        record.restore_silences(self)
-        record.restore_episodes(self)
+        if self.recorder.restore_timeline():
+            self.started_at = self.clock()
+        self.recorder.restore_silences(self.control.silences)
+        self.recorder.restore_episodes(self.observer.progress.tracker, self.detector)
+        self.observer.signals.start()  # the health signal's kernel log, opened only when serving
         if self.actions is None:
-            self.actions = make_actions(self, state_dir)
+            self.actions = make_actions(self.config, self.store, state_dir, self.node, self.clock)
         if self.serve_http:
             try:
-                start_http(self)
+                self.app, self.http = start_http(
+                    self.config,
+                    snapshots=self.snapshots,
+                    events=self.store,
+                    gpus=self.gpus,
+                    control=self.control,
+                    node=self.node,
+                    clock=self.clock,
+                )
             except BaseException:  # the port is taken: exit 2 without holding the state directory
                 if self._state_lock is not None:
                     self._state_lock.release()
@@ -220,12 +212,37 @@ class Daemon:
         self._reload.set()
 
     def reload(self) -> None:
-        """SIGHUP: re-read the config file and apply what can change live (daemon/reload.py)."""
-        reloading.reload(self)
+        """SIGHUP: re-read the config file and apply what can change live (mode, detector, classifier
+        dwell, progress dir, every signal's section, the token); listen address, state dir and source
+        need a restart (logged). A config that does not load keeps the running one."""
+        self.notifier.reloading()
+        try:
+            new, token = reread(self.config_path, self.overrides, self.config, serving=self.app is not None)
+        except Exception as e:
+            log.error("reload failed, keeping the running configuration: %s", e)
+            self._event("daemon", {"event": "reload_failed", "error": str(e)})
+            self.notifier.ready("reload failed; running configuration kept")
+            return
+        self.detector.config = detector_config(new)
+        self.observer.reload(self.config, new)
+        if new.actions.mode != self.config.actions.mode:
+            self.mode = new.actions.mode
+        if self.app is not None:
+            from gpu_triage.serving.api import set_token
+
+            set_token(self.app, token)  # a rotated token file takes effect now; the old one stops
+            if token_file_absent(new):
+                log.warning("%s", missing_token_note(new))
+            else:
+                log.info("auth token re-read from %s", new.auth.token_file)
+        self.config = new
+        self._event("daemon", {"event": "reloaded", "config": new.origin})
+        self.notifier.ready("configuration reloaded")
+        log.info("configuration reloaded from %s", new.origin)
 
     def clock_step(self, step: ClockStep) -> None:
         """The wall clock jumped: logged and recorded; no duration moves (they are on the timeline)."""
-        record.clock_step(self, step)
+        self.recorder.clock_step(step)
 
     def close(self) -> None:
         self.notifier.stopping("stopping")
@@ -237,15 +254,13 @@ class Daemon:
                 log.exception("closing actions")
         if self.http is not None:
             self.http.stop()
+        self.observer.close()  # before the source: the health signal's NVML reader uses its workers
         try:
             self.source.close()
         except Exception:
             log.exception("closing the telemetry source")
         if self.store is not None:
             self.store.close()
-        self.stacks.close()
-        self.fleet.close()
-        self.health.close()
         if self._state_lock is not None:
             self._state_lock.release()
             self._state_lock = None
@@ -291,7 +306,28 @@ class Daemon:
 
     def _cycle_failed(self, error: Exception | None) -> None:
         """Count consecutive failed cycles (daemon/health.py): /healthz turns 503 ``failing``."""
-        health.cycle_failed(self, error)
+        self.health.cycle_failed(
+            error,
+            cycle_no=self.cycle_no,
+            snapshots=self.snapshots,
+            first_failing=self._failing_snapshot,
+            event=self._event,
+        )
+
+    def _failing_snapshot(self, failed_cycles: int) -> Snapshot:
+        """What /healthz reads when no cycle ever succeeded: ``failing``, not ``starting`` forever."""
+        return Snapshot(
+            node=self.node,
+            source=self.source.name,
+            mode=self.mode,
+            armed=self.mode is not Mode.OBSERVE,
+            cycle=self.cycle_no,
+            time=self.started_at,
+            period_s=self.config.daemon.period_s,
+            started_at=self.started_at,
+            version=__version__,
+            failed_cycles=failed_cycles,
+        )
 
     def cycle(self, now: float, *, wall: float | None = None) -> Snapshot:
         """One cycle at ``now`` on the daemon's timeline (gpu_triage.model.clock); ``wall``: the wall clock
@@ -324,34 +360,39 @@ class Daemon:
                 gpu=ch.gpu,
             )
         statuses = self.gpus.statuses()
-        self._observe_health(now)
+        self._node_facts(now)
         due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
         if due:
             self._last_process_s = now
-            self._jobs = self.pods.attribute(self._detect(now, samples, statuses))
+            self._jobs = self.observer.pods.attribute(self._detect(now, samples, statuses))
         if self.actions is not None and due:
             try:
                 self.actions.on_cycle(
                     now,
                     mode=self.mode,
                     jobs=self._jobs,
-                    processes=self._process_view.jobs if self._process_view else {},
+                    processes=self.observer.processes,
                     gpus=statuses,
                     silences=self.control.silences,
                     progress_dir=cfg.progress.dir,
-                    node_health=self._node_health,
+                    node_health=self.node_health,
                 )
-                health.actions_ran(self, None)
+                self.health.actions_ran(None)
             except Exception as e:
-                health.actions_ran(self, e)
-        record.persist_silences(self, now)
+                self.health.actions_ran(e)
+        self.recorder.persist_silences(self.control.silences, now)
         if self.store is not None:
             self.store.maybe_reattach(now)
             self.store.maybe_prune(now)
         self.stats.cycles += 1
-        input_errors = health.input_errors(self)
-        if any(e["kind"] in ("job", "persist", "actions") for e in input_errors):
-            self.degraded_cycles += 1
+        input_errors = self.health.input_errors(
+            progress_errors=self.observer.progress_errors,
+            job_errors=self.detector.job_errors,
+            persist_errors=self.recorder.persist_errors,
+            signal_errors={**self.observer.signals.errors, **self.observer.signals.node_errors},
+            store=self.store,
+        )
+        signal_status = self.observer.signals.status()
         snap = Snapshot(
             node=self.node,
             source=self.source.name,
@@ -369,43 +410,46 @@ class Daemon:
                 "cycles_total": float(self.stats.cycles),
                 "missed_cycles_total": float(self.stats.missed),
                 "failed_cycles_total": float(self.stats.failed),
-                "degraded_cycles_total": float(self.degraded_cycles + self.stats.failed),
+                "degraded_cycles_total": float(self.health.degraded_cycles + self.stats.failed),
             },
             actions=dict(getattr(self.actions, "counters", {}) or {}),
             version=__version__,
-            untrusted_progress_files=self._untrusted,
+            untrusted_progress_files=self.observer.untrusted,
             input_errors=input_errors,
-            stacks={**self.stacks.status(), "nccl_ras": self.ras.status()},
-            fleet=self._fleet_facts,
-            cluster=self.fleet.status(),
+            stacks=signal_status.pop("stacks", {}),
+            fleet=self.observer.fleet_facts,
+            cluster=signal_status.pop("cluster", {}),
+            signals=signal_status,
+            node_health=self.node_health,
             clock_offset_s=(self._wall if self._wall is not None else now) - now,
-            node_health=self._node_health,
-            health=self.health.status(),
         )
         self.snapshots.publish(snap)
         if self.on_cycle is not None:
             self.on_cycle(snap)
         return snap
 
-    def _observe_health(self, now: float) -> None:
-        """The node verdict this cycle (signals/health); a change of the node's or a GPU's level is an
-        event."""
-        before = self._node_health
-        after = self.health.sample(now)
-        self._node_health = after
+    def _node_facts(self, now: float) -> None:
+        """Every cycle, jobs or none: the node-level signals' facts (the node verdict); a change of the
+        node's or a GPU's health level is an event."""
+        facts = self.observer.signals.node_facts(now)
+        before, after = self.node_health, facts.get("node_health", UNKNOWN_HEALTH)
+        if not isinstance(after, NodeHealth):
+            return
+        self.node_health = after
         was = {g.gpu: g.level for g in before.gpus}
         for g in after.gpus:
-            if g.level is not was.get(g.gpu, HealthLevel.HEALTHY):
-                self._event(
-                    "health",
-                    {
-                        "level": str(g.level),
-                        "from": str(was.get(g.gpu, HealthLevel.HEALTHY)),
-                        "pci_bus_id": g.pci_bus_id,
-                        "reasons": list(g.reasons),
-                    },
-                    now,
-                    gpu=g.gpu,
+            old = was.get(g.gpu, HealthLevel.HEALTHY)
+            if g.level is not old:
+                payload = {"level": str(g.level), "from": str(old), "pci_bus_id": g.pci_bus_id}
+                self._event("health", {**payload, "reasons": list(g.reasons)}, now, gpu=g.gpu)
+                log.log(
+                    logging.WARNING if g.level is not HealthLevel.HEALTHY else logging.INFO,
+                    "health: GPU %s (%s) %s -> %s%s",
+                    g.gpu,
+                    g.pci_bus_id or "bus unknown",
+                    old,
+                    g.level,
+                    f": {'; '.join(g.reasons[:3])}" if g.reasons else "",
                 )
         if after.level is not before.level:
             self._event("health", {"node": str(after.level), "from": str(before.level)}, now)
@@ -414,15 +458,22 @@ class Daemon:
         self, now: float, samples: Sequence[GpuSample], statuses: Sequence[GpuStatus]
     ) -> tuple[JobStatus, ...]:
         """Every process period: observe the jobs (daemon/observe.py), judge them, record what changed."""
-        gviews, jobs = observe.observe(self, now, samples, statuses)
+        gviews, jobs = self.observer.observe(
+            now,
+            samples,
+            statuses,
+            wall=self._wall,
+            verdicts=self.recorder.verdicts,
+            signalled=getattr(self.actions, "signalled_pids", None),
+        )
         results = tuple(
             self.detector.update(
-                now, gviews, jobs, telemetry_ok=self.source.name != "none", node_health=self._node_health
+                now, gviews, jobs, telemetry_ok=self.source.name != "none", node_health=self.node_health
             )
         )
-        record.persist_episode_state(self, now)
-        self._fleet_facts = observe.node_facts(self, now, jobs, results, statuses)
-        record.verdict_changes(self, results, now)
+        self.recorder.persist_episode_state(now, self.observer.progress.tracker, self.detector)
+        self.observer.export_facts(now, jobs, results, statuses, self.detector.config)
+        self.recorder.verdict_changes(results, now)
         return results
 
     def _event(
@@ -434,21 +485,7 @@ class Daemon:
         gpu: int | None = None,
         job: str | None = None,
     ) -> None:
-        record.event(self, kind, payload, now, gpu=gpu, job=job)
+        self.recorder.event(kind, payload, now, gpu=gpu, job=job)
 
 
-__all__ = [
-    "CycleStats",
-    "Daemon",
-    "boot_id",
-    "check_token",
-    "detector_settings",
-    "install_signal_handlers",
-    "make_fleet",
-    "make_ras",
-    "make_sampler",
-    "progress_claims",
-    "start_checks",
-    "summary_line",
-    "validate_classifier",
-]
+__all__ = ["Daemon"]

@@ -1,79 +1,312 @@
 """One cycle's observation of the jobs on this node, as the detector reads it: the progress files,
-the rank processes (checked against what the files claim), their fusion into JobViews, then each
-job's stacks and NCCL RAS facts, the other nodes' facts ([cluster]) and the ranks the kill ladder
-signalled; and this node's facts about each judged job, exported for the other nodes."""
+the rank processes (checked against what the files claim), their fusion into JobViews, then what
+each registered signal contributes (stacks, NCCL RAS, the other nodes' facts, ...; see
+:mod:`gpu_triage.signals.signal`) and the ranks the kill ladder signalled; and this node's facts
+about each judged job, exported for the other nodes.
+
+:class:`Observer` owns what it reads with (progress reader, process inspector, the signals) and what
+it saw last (the process view, untrusted files, progress-file errors, this node's fleet facts);
+the daemon asks it, never reaches into it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import fields, replace
+from typing import Any, cast
 
+from gpu_triage.classify.tracker import GpuTracker
+from gpu_triage.daemon.config import Config
 from gpu_triage.model.names import printable
 from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import ENDED_VERDICTS, Verdict
 from gpu_triage.signals.fleet.facts import JobFacts, local_facts, spin_since_by_gpu
-from gpu_triage.signals.fleet.remote import RemoteFacts
-from gpu_triage.signals.processes import ProgressClaim, RankProcess
-from gpu_triage.signals.progress import ProgressView
-from gpu_triage.signals.stacks.dumps import StackPhase
-from gpu_triage.verdicts.detector import GpuView, JobView
+from gpu_triage.signals.pods import PodResolver
+from gpu_triage.signals.processes import ProcessInspector
+from gpu_triage.signals.progress import ProgressReader, ProgressView
+from gpu_triage.signals.rank_process import ProcessView, ProgressClaim, RankProcess
+from gpu_triage.signals.registry import signal_kinds
+from gpu_triage.signals.signal import NODE_FIELDS, Contribution, JobSight, Signal, SignalEnv, SignalKind
 from gpu_triage.verdicts.fusion import job_views
+from gpu_triage.verdicts.settings import DetectorConfig
+from gpu_triage.verdicts.views import GpuView, JobView
 
-if TYPE_CHECKING:
-    from gpu_triage.daemon.loop import Daemon
+log = logging.getLogger("gpu_watchdog")
 
 _CALM = frozenset({Verdict.HEALTHY, Verdict.CHECKPOINT, *ENDED_VERDICTS})
 """Verdicts that need no urgent look (an ended job is not sampled in a hurry)."""
 
+CONTRIBUTE_DEADLINE_S = 0.5
+"""A signal's :meth:`~gpu_triage.signals.signal.Signal.contribute` longer than this is logged: it
+must start slow work off the cycle thread, never wait for it."""
 
-def observe(
-    d: Daemon, now: float, samples: Sequence[GpuSample], statuses: Sequence[GpuStatus]
-) -> tuple[list[GpuView], list[JobView]]:
-    """What the detector reads this cycle: a view of each GPU and of each job."""
-    view = d.progress.read(now, wall_s=d._wall)
-    d._progress_errors = tuple(
-        {"kind": "progress_file", "where": printable(str(e.path)), "error": printable(e.error)}
-        for e in view.errors
-    )
-    gpu_pids = {s.gpu: list(s.pids) for s in samples if s.pids}
-    uuid_to_index = {g.uuid: g.gpu for g in statuses if g.uuid}
-    d._process_view = d.inspector.inspect(
-        now,
-        gpu_pids=gpu_pids,
-        claims=progress_claims(view, d.progress.host),
-        uuid_to_index=uuid_to_index,
-    )
-    d.progress.priority = frozenset(
-        name.split("@", 1)[0]
-        for name, ranks in d._process_view.jobs.items()
-        if any(r.alive and r.proof for r in ranks)
-    )
-    untrusted_files = [u.to_dict() for u in view.untrusted]
-    jobs = job_views(
-        view.jobs,
-        d._process_view.jobs,
-        untrusted=d._process_view.untrusted,
-        untrusted_files=untrusted_files,
-    )
-    d._untrusted = tuple([*untrusted_files, *(u.to_dict() for u in d._process_view.untrusted)])
-    jobs = with_stacks(d, now, jobs)
-    jobs = with_remote(d, now, jobs)
-    signalled = getattr(d.actions, "signalled_pids", None)
-    if signalled is not None:  # ranks the kill ladder signalled read `killed`, never a new stall
-        jobs = [replace(j, signalled_pids=signalled(j.job, now)) for j in jobs]
-    gviews = [
-        GpuView(
-            g.gpu,
-            g.state,
-            g.state_since,
-            d.gpus.nvlink_bytes(g.gpu),
-            util_known=g.utilization_ratio is not None or g.power_w is None,
+Signalled = Callable[[str, float], frozenset[int]]
+
+
+def make_reader(config: Config) -> ProgressReader:
+    """The progress-file reader of ``[progress]``."""
+    import socket
+
+    p = config.progress
+    return ProgressReader(p.dir, stale_after_s=p.stale_after_s, host=socket.gethostname())
+
+
+class SignalSet:
+    """The registered signals (:mod:`gpu_triage.signals.registry`), built once from the config: run
+    in order each process period, reported, rebuilt when their section changes, closed."""
+
+    def __init__(self, config: Config, env: SignalEnv, kinds: Iterable[SignalKind] | None = None) -> None:
+        self.env = env
+        self.kinds = tuple(signal_kinds() if kinds is None else kinds)
+        self.signals: dict[str, Signal] = {
+            k.name: k.build(getattr(config, k.section), env) for k in self.kinds
+        }
+        self.errors: dict[str, str] = {}
+        """Signals whose last contribute raised (name -> error): input_errors ``signal``."""
+        self.node_errors: dict[str, str] = {}
+        """Signals whose last ``node_facts`` raised or set a field it may not (name -> error)."""
+        self.slow: dict[str, float] = {}
+        """Signals whose last contribute took longer than CONTRIBUTE_DEADLINE_S (name -> seconds)."""
+
+    def __getitem__(self, name: str) -> Signal:
+        return self.signals[name]
+
+    def contribute(self, now: float, sights: Sequence[JobSight]) -> dict[str, dict[str, object]]:
+        """Every signal's facts about each job (job -> JobView field -> value); a signal that raises
+        contributes nothing this cycle and is reported, never blinding the others."""
+        facts: dict[str, dict[str, object]] = {s.job: {} for s in sights}
+        errors: dict[str, str] = {}
+        for kind in self.kinds:
+            seen = [replace(s, facts=dict(facts[s.job])) for s in sights] if kind.reads else list(sights)
+            t0 = time.perf_counter()
+            try:
+                got: Mapping[str, Contribution] = self.signals[kind.name].contribute(now, seen)
+            except Exception as e:
+                errors[kind.name] = f"{type(e).__name__}: {e}"[:300]
+                if self.errors.get(kind.name) != errors[kind.name]:
+                    log.error("signal %s failed; its facts are missing this cycle", kind.name, exc_info=e)
+                continue
+            finally:
+                took = time.perf_counter() - t0
+                if took > CONTRIBUTE_DEADLINE_S:
+                    if kind.name not in self.slow:
+                        log.warning(
+                            "signal %s took %.3f s in the cycle (deadline %.1f s)",
+                            kind.name,
+                            took,
+                            CONTRIBUTE_DEADLINE_S,
+                        )
+                    self.slow[kind.name] = took
+                else:
+                    self.slow.pop(kind.name, None)
+            wrong = sorted({key for c in got.values() for key in c} - SIGNAL_FIELDS)
+            if wrong:  # a bug in that signal: its facts are dropped, never half-applied
+                errors[kind.name] = f"contributed {wrong}: not facts a signal may set on a job"
+                if self.errors.get(kind.name) != errors[kind.name]:
+                    log.error("signal %s %s", kind.name, errors[kind.name])
+                continue
+            for job, contribution in got.items():
+                if job in facts:
+                    facts[job].update(contribution)
+        self.errors = errors
+        return facts
+
+    def start(self) -> None:
+        """The daemon starts: each signal with a ``start`` opens what it holds open while serving."""
+        for kind in self.kinds:
+            start = getattr(self.signals[kind.name], "start", None)
+            if start is not None:
+                start()
+
+    def node_facts(self, now: float) -> dict[str, object]:
+        """Every cycle: the node-level facts of the signals that have ``node_facts`` (Snapshot field ->
+        value, only :data:`~gpu_triage.signals.signal.NODE_FIELDS`); one that raises is reported and
+        contributes nothing, as in :meth:`contribute`."""
+        out: dict[str, object] = {}
+        errors: dict[str, str] = {}
+        for kind in self.kinds:
+            node_facts = getattr(self.signals[kind.name], "node_facts", None)
+            if node_facts is None:
+                continue
+            try:
+                got = dict(node_facts(now))
+            except Exception as e:
+                errors[kind.name] = f"{type(e).__name__}: {e}"[:300]
+                if self.node_errors.get(kind.name) != errors[kind.name]:
+                    log.error(
+                        "signal %s failed; its node facts are missing this cycle", kind.name, exc_info=e
+                    )
+                continue
+            wrong = sorted(set(got) - NODE_FIELDS)
+            if wrong:
+                errors[kind.name] = f"node facts {wrong}: not fields a signal may set"
+                continue
+            out.update(got)
+        self.node_errors = errors
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """Each signal's status at its ``status_path`` (``{"stacks": {..., "nccl_ras": {...}}, ...}``)."""
+        tree: dict[str, Any] = {}
+        for kind in self.kinds:
+            node = tree
+            for key in kind.status_path[:-1]:
+                node = node.setdefault(key, {})
+            leaf = node.setdefault(kind.status_path[-1], {})
+            leaf.update(self.signals[kind.name].status())
+        return tree
+
+    def reload(self, old: Config, new: Config) -> None:
+        """A signal whose section changed reloads (the signal decides: adjusted, or a fresh one)."""
+        for kind in self.kinds:
+            settings = getattr(new, kind.section)
+            if settings != getattr(old, kind.section):
+                self.signals[kind.name] = self.signals[kind.name].reload(settings, self.env)
+
+    def close(self) -> None:
+        for kind in self.kinds:
+            try:
+                self.signals[kind.name].close()
+            except Exception:
+                log.exception("closing signal %s", kind.name)
+
+
+class Observer:
+    """Reads the jobs each process period; keeps what it saw last for the snapshot."""
+
+    def __init__(self, config: Config, gpus: GpuTracker, env: SignalEnv) -> None:
+        self.progress = make_reader(config)
+        self.inspector = ProcessInspector()
+        self.pods = PodResolver()
+        """The Kubernetes pod of each rank (gpu_triage.signals.pods); none outside one."""
+        self.signals = SignalSet(config, env)
+        self.node = env.node
+        self._gpus = gpus
+        self.process_view: ProcessView | None = None
+        self.untrusted: tuple[dict[str, Any], ...] = ()
+        """Progress files and processes not believed (Snapshot.untrusted_progress_files)."""
+        self.progress_errors: tuple[dict[str, Any], ...] = ()
+        """Progress files not read this cycle (input_errors ``progress_file``)."""
+        self.fleet_facts: tuple[JobFacts, ...] = ()
+        """This node's facts about each judged job (Snapshot.fleet)."""
+
+    @property
+    def processes(self) -> Mapping[str, tuple[RankProcess, ...]]:
+        """The rank processes of each job, as last inspected."""
+        return self.process_view.jobs if self.process_view is not None else {}
+
+    def reload(self, old: Config, new: Config) -> None:
+        self.signals.reload(old, new)
+        if new.progress != old.progress:
+            self.progress = make_reader(new)
+
+    def close(self) -> None:
+        self.signals.close()
+
+    def observe(
+        self,
+        now: float,
+        samples: Sequence[GpuSample],
+        statuses: Sequence[GpuStatus],
+        *,
+        wall: float | None,
+        verdicts: Mapping[str, Verdict],
+        signalled: Signalled | None,
+    ) -> tuple[list[GpuView], list[JobView]]:
+        """What the detector reads this cycle: a view of each GPU and of each job. ``verdicts``: each
+        job's last verdict; ``signalled``: the pids of a job the kill ladder signalled, if armed."""
+        view = self.progress.read(now, wall_s=wall)
+        self.progress_errors = tuple(
+            {"kind": "progress_file", "where": printable(str(e.path)), "error": printable(e.error)}
+            for e in view.errors
         )
-        for g in statuses
-    ]
-    return gviews, jobs
+        gpu_pids = {s.gpu: list(s.pids) for s in samples if s.pids}
+        uuid_to_index = {g.uuid: g.gpu for g in statuses if g.uuid}
+        pview = self.inspector.inspect(
+            now,
+            gpu_pids=gpu_pids,
+            claims=progress_claims(view, self.progress.host),
+            uuid_to_index=uuid_to_index,
+        )
+        self.process_view = pview
+        self.progress.priority = frozenset(
+            name.split("@", 1)[0]
+            for name, ranks in pview.jobs.items()
+            if any(r.alive and r.proof for r in ranks)
+        )
+        untrusted_files = [u.to_dict() for u in view.untrusted]
+        jobs = job_views(view.jobs, pview.jobs, untrusted=pview.untrusted, untrusted_files=untrusted_files)
+        self.untrusted = tuple([*untrusted_files, *(u.to_dict() for u in pview.untrusted)])
+        jobs = self._with_signals(now, jobs, verdicts)
+        if signalled is not None:  # ranks the kill ladder signalled read `killed`, never a new stall
+            jobs = [replace(j, signalled_pids=signalled(j.job, now)) for j in jobs]
+        gviews = [
+            GpuView(
+                g.gpu,
+                g.state,
+                g.state_since,
+                self._gpus.nvlink_bytes(g.gpu),
+                util_known=g.utilization_ratio is not None or g.power_w is None,
+            )
+            for g in statuses
+        ]
+        return gviews, jobs
+
+    def _with_signals(
+        self, now: float, jobs: list[JobView], verdicts: Mapping[str, Verdict]
+    ) -> list[JobView]:
+        procs = self.processes
+        sights = []
+        for j in jobs:
+            sizes = {p.world_size for p in procs.get(j.job, ()) if p.world_size is not None}
+            prev = verdicts.get(j.job)
+            sights.append(
+                JobSight(
+                    job=j.job,
+                    pids={r.rank: r.pid for r in j.ranks if r.proven and r.alive and r.pid is not None},
+                    ranks_here=len({r.rank for r in j.ranks}),
+                    world_size=j.world_size,
+                    process_world_size=(
+                        j.world_size
+                        if j.world_size is not None
+                        else (sizes.pop() if len(sizes) == 1 else None)
+                    ),
+                    has_progress=j.has_progress,
+                    suspect=prev is not None and prev not in _CALM,
+                )
+            )
+        facts = self.signals.contribute(now, sights)
+        return [with_facts(j, facts.get(j.job, {})) for j in jobs]
+
+    def export_facts(
+        self,
+        now: float,
+        jobs: list[JobView],
+        results: tuple[JobStatus, ...],
+        statuses: Sequence[GpuStatus],
+        config: DetectorConfig,
+    ) -> tuple[JobFacts, ...]:
+        """This node's facts about each job, exported for the other nodes (gpu_watchdog_fleet_*)."""
+        self.fleet_facts = node_facts(now, self.node, jobs, results, statuses, config)
+        return self.fleet_facts
+
+
+SIGNAL_FIELDS = frozenset(f.name for f in fields(JobView)) - {
+    "job",
+    "ranks",
+    "has_progress",
+    "signalled_pids",
+}
+"""What a signal may contribute to a job: any JobView field but the job's identity, its ranks and
+the kill ladder's record."""
+
+
+def with_facts(view: JobView, facts: Mapping[str, object]) -> JobView:
+    """``view`` with the signals' facts (SignalSet.contribute kept only SIGNAL_FIELDS)."""
+    return replace(view, **cast(dict[str, Any], facts)) if facts else view
 
 
 def progress_claims(view: ProgressView, host: str) -> list[ProgressClaim]:
@@ -93,69 +326,17 @@ def progress_claims(view: ProgressView, host: str) -> list[ProgressClaim]:
     return claims
 
 
-def with_stacks(d: Daemon, now: float, jobs: list[JobView]) -> list[JobView]:
-    """Ask the sampler for dumps of every job's proven live ranks (it decides what is due) and
-    hand each job its latest stacks."""
-    procs: Mapping[str, tuple[RankProcess, ...]] = d._process_view.jobs if d._process_view is not None else {}
-    out = []
-    suspicious = False
-    for j in jobs:
-        pids = {r.rank: r.pid for r in j.ranks if r.proven and r.alive and r.pid is not None}
-        sizes = {p.world_size for p in procs.get(j.job, ()) if p.world_size is not None}
-        world = j.world_size if j.world_size is not None else (sizes.pop() if len(sizes) == 1 else None)
-        prev = d._verdicts.get(j.job)
-        d.stacks.request(
-            now,
-            j.job,
-            pids,
-            urgent=prev is not None and prev not in _CALM,
-            blind=not j.has_progress,
-            world_size=world,
-        )
-        summary = d.stacks.summary(j.job)
-        waiting = summary is not None and any(
-            s.samples > 1 and s.info.phase is StackPhase.COLLECTIVE for s in summary.ranks.values()
-        )
-        suspicious = suspicious or waiting or (prev is not None and prev not in _CALM)
-        ras = d.ras.facts(set(pids.values()))
-        out.append(replace(j, stacks=summary, ras=ras))
-    d.stacks.forget({j.job for j in jobs})
-    d.ras.request(now, suspicious)
-    return out
-
-
-def with_remote(d: Daemon, now: float, jobs: list[JobView]) -> list[JobView]:
-    """[cluster]: hand each job whose world is larger than its ranks here the other nodes' latest
-    facts (gpu_triage.signals.fleet), asking Prometheus again - off this thread - while it is
-    suspicious."""
-    if not d.fleet.enabled:
-        return jobs
-    out = []
-    for j in jobs:
-        world = j.world_size if j.world_size is not None else (j.stacks.world_size if j.stacks else None)
-        if world is None or world <= len({r.rank for r in j.ranks}):
-            out.append(j)
-            continue
-        prev = d._verdicts.get(j.job)
-        waiting = j.stacks is not None and any(
-            s.samples > 1 and s.info.phase is StackPhase.COLLECTIVE for s in j.stacks.ranks.values()
-        )
-        d.fleet.request(now, j.job, waiting or (prev is not None and prev not in _CALM))
-        remote = d.fleet.latest(j.job)
-        if remote is None:
-            remote = RemoteFacts(j.job, now, error="not asked for: the job was never suspicious", asked=False)
-        out.append(replace(j, remote=remote))
-    d.fleet.forget({j.job for j in jobs})
-    return out
-
-
 def node_facts(
-    d: Daemon, now: float, jobs: list[JobView], results: tuple[JobStatus, ...], statuses: Sequence[GpuStatus]
+    now: float,
+    node: str,
+    jobs: list[JobView],
+    results: tuple[JobStatus, ...],
+    statuses: Sequence[GpuStatus],
+    c: DetectorConfig,
 ) -> tuple[JobFacts, ...]:
-    """This node's facts about each job, exported for the other nodes (gpu_watchdog_fleet_*)."""
+    """This node's facts about each judged job (gpu_watchdog_fleet_*)."""
     spin = spin_since_by_gpu(statuses)
     by_job = {j.job: j for j in results}
-    c = d.detector.config
     out = []
     for view in jobs:
         st = by_job.get(view.job)
@@ -170,7 +351,7 @@ def node_facts(
         out.append(
             local_facts(
                 now,
-                d.node,
+                node,
                 job=view.job,
                 world_size=world,
                 ranks=view.ranks,

@@ -33,6 +33,9 @@ class RunOptions:
     """Print a one-line state summary every second."""
     sim_start_s: float | None = None
     """Epoch second at which a ``sim`` source's scenario starts (the demo starts it mid-timeline)."""
+    kernel_log_file: Path | None = None
+    """A kernel log FILE for the health signal (``[health] kernel_log_file``): a replay's, or lines
+    fed to a simulation."""
 
     def overrides(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -43,6 +46,7 @@ class RunOptions:
             (self.progress_dir, "progress.dir"),
             (self.period_s, "daemon.period_s"),
             (self.mode, "actions.mode"),
+            (self.kernel_log_file, "health.kernel_log_file"),
         ):
             if value is not None:
                 out[key] = str(value) if isinstance(value, Path) else value
@@ -76,7 +80,9 @@ def raise_nofile(target: int = NOFILE_TARGET) -> tuple[int, int]:
 
 def run_daemon(options: RunOptions) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; 0 after a clean stop, 2 on bad config."""
-    from gpu_triage.daemon.loop import Daemon, install_signal_handlers, summary_line
+    from gpu_triage.daemon.loop import Daemon
+    from gpu_triage.daemon.reload import install_signal_handlers
+    from gpu_triage.daemon.summary import summary_line
     from gpu_triage.model.samples import TelemetryUnavailable
     from gpu_triage.serving.http_server import PortInUseError
     from gpu_triage.telemetry.factory import make_source

@@ -3,8 +3,8 @@
 Pure values shared by the health signal (``signals/health/``: NVML reads and events, the kernel log,
 the Xid catalog), the detector (``blame`` on every job verdict), the action engine (drain and requeue
 by blame, the deterministic-hang breaker that never counts a hardware hang against a job), REST
-(``/status.node``), metrics and the reports. Nothing here reads hardware: the readers fill these values
-and everyone else reads them.
+(``/status`` ``node_health``), metrics and the reports. Nothing here reads hardware: the readers fill
+these values and everyone else reads them.
 
 Times are points on the daemon's monotonic timeline (``model.clock``), like every other duration here.
 """
@@ -146,7 +146,7 @@ class XidCount:
 
 @dataclass(frozen=True, slots=True)
 class NodeHealth:
-    """The node verdict: the worst GPU (or node-wide finding) wins; ``/status.node``."""
+    """The node verdict: the worst GPU (or node-wide finding) wins; ``/status`` ``node_health``."""
 
     level: HealthLevel
     gpus: tuple[GpuHealth, ...] = ()

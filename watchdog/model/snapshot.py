@@ -136,8 +136,9 @@ class Snapshot:
     :class:`gpu_triage.signals.fleet.facts.JobFacts` values (typed there: the model layer is below it)."""
     cluster: dict[str, Any] = field(default_factory=dict)
     """The reader of other nodes' facts ([cluster]): Prometheus URL, queries, last error."""
+    signals: dict[str, Any] = field(default_factory=dict)
+    """The status of every other registered signal, by name (gpu_triage.signals.registry)."""
     node_health: NodeHealth = UNKNOWN_HEALTH
-    """The node verdict this cycle (``signals/health``): healthy, degraded or unhealthy, per GPU with
-    the findings behind it (REST ``/status.node``). The detector and actions read it from here."""
-    health: dict[str, Any] = field(default_factory=dict)
-    """The health signal's readers (kernel log source, lines read, overruns, NVML health reads)."""
+    """The node verdict this cycle (the ``health`` signal, ``signals/health``): healthy, degraded or
+    unhealthy, per GPU with the findings behind it (REST ``/status`` ``node_health``). The detector and
+    the action engine read it from here (or from ``Daemon.node_health`` within the cycle)."""

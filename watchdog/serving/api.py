@@ -123,7 +123,9 @@ def status_document(snapshot: Snapshot) -> dict[str, Any]:
     document["clock_offset_s"] = round(snapshot.clock_offset_s, 3)
     document["stacks"] = jsonable(snapshot.stacks)
     document["cluster"] = jsonable(snapshot.cluster)
-    document["node_health"] = jsonable({**node_health_dict(snapshot.node_health), "readers": snapshot.health})
+    document["node_health"] = jsonable(node_health_dict(snapshot.node_health))
+    if snapshot.signals:
+        document["signals"] = jsonable(snapshot.signals)
     return document
 
 
@@ -133,7 +135,7 @@ def _dumps(document: Any) -> bytes:
 
 FAILING_AFTER_CYCLES = 3
 """Consecutive failed cycles after which /healthz answers 503 ``failing``."""
-DEGRADING_ERRORS = ("job", "persist", "actions", "store")
+DEGRADING_ERRORS = ("job", "persist", "actions", "store", "signal")
 """Input error kinds that make /healthz say ``degraded`` (progress-file errors are the users' own)."""
 
 
@@ -210,9 +212,6 @@ class NodeHealthDoc(_Doc):
     findings: list[HealthFindingDoc] = Field(description="Node-wide findings (a bus id of no known GPU)")
     read_errors: list[str] = Field(description="Health reads that failed this cycle")
     xid_totals: list[dict[str, Any]] = Field(description="Xids seen since start: gpu, pci_bus_id, xid, count")
-    readers: dict[str, Any] = Field(
-        default_factory=dict, description="The health readers: kernel log source, lines, overruns; NVML"
-    )
 
 
 class JobDoc(_Doc):

@@ -45,6 +45,7 @@ import psutil
 
 from gpu_triage.model.names import safe_job_key
 from gpu_triage.signals.cgroups import parse_cgroup_path
+from gpu_triage.signals.rank_process import ProcessView, ProgressClaim, RankProcess, UntrustedClaim
 from gpu_triage.signals.slurm import job_name as slurm_job_name
 
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.launch")
@@ -184,33 +185,6 @@ class Candidate:
     """Its session (the launcher's process tree where no cgroup names the job)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ProgressClaim:
-    """What a progress file says about its process: rank ``rank`` of ``job`` is ``pid``."""
-
-    job: str
-    rank: int
-    pid: int
-    local_rank: int | None = None
-    host_is_local: bool = True
-    """The file's ``host`` is this node's name (else its pid may live in a container's namespace)."""
-    owner_uid: int | None = None
-    """The file's owner (None: unknown)."""
-
-
-@dataclass(frozen=True, slots=True)
-class UntrustedClaim:
-    """A progress file whose pid names a process that is not proven to be the rank it claims."""
-
-    job: str
-    rank: int
-    pid: int
-    reason: str
-
-    def to_dict(self) -> dict[str, object]:
-        return {"job": self.job, "rank": self.rank, "pid": self.pid, "reason": self.reason}
-
-
 def judge_claim(claim: ProgressClaim, cand: Candidate, env: RankEnv | None) -> str | None:
     """Why ``cand`` is NOT the process ``claim`` names (None: it is). Pure.
 
@@ -265,56 +239,6 @@ def choose_gpu(nvml_gpus: Sequence[int], env_gpu: int | None) -> int | None:
 
 
 # ------------------------------------------------------------------------------------------- view
-
-
-@dataclass(frozen=True, slots=True)
-class RankProcess:
-    job: str
-    pid: int
-    rank: int | None
-    local_rank: int | None
-    world_size: int | None
-    gpu: int | None
-    """The GPU this rank drives (NVML, else LOCAL_RANK + CUDA_VISIBLE_DEVICES)."""
-    gpus: tuple[int, ...]
-    """Every GPU NVML lists the pid on."""
-    found_by: str
-    alive: bool
-    status: str | None
-    """psutil status: 'running', 'sleeping', 'disk-sleep' (D-state), 'stopped', 'zombie'...; None if gone."""
-    pgid: int | None
-    cpu_time_s: float | None
-    """User + system CPU seconds since the process started."""
-    cpu_time_delta_s: float | None
-    read_bytes_delta: int | None
-    write_bytes_delta: int | None
-    read_chars_delta: int | None
-    write_chars_delta: int | None
-    interval_s: float | None
-    """Seconds the deltas cover (None on the first measurement of this process)."""
-    gone_since_s: float | None = None
-    proof: tuple[str, ...] = ()
-    """What ties it to the job (see :class:`Candidate`); a process without proof is never signalled."""
-    uid: int | None = None
-    create_time: float | None = None
-    """With ``pid`` and ``uid``, the identity a signal is checked against (a recycled pid never matches)."""
-    scope: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessView:
-    time_s: float
-    jobs: Mapping[str, tuple[RankProcess, ...]]
-    """Ranks per job, sorted by rank (unknown ranks last)."""
-    discovered: bool = False
-    """Whether this call ran a discovery."""
-    environ_denied: int = 0
-    """Processes whose environment could not be read in this call's discovery."""
-    untrusted: tuple[UntrustedClaim, ...] = ()
-    """Progress-file claims refused by the last discovery (never adopted, never signalled)."""
-
-    def by_pid(self) -> dict[int, RankProcess]:
-        return {r.pid: r for ranks in self.jobs.values() for r in ranks}
 
 
 @dataclass(slots=True)
@@ -821,11 +745,7 @@ def _create_time(proc: psutil.Process) -> float | None:
 __all__ = [
     "Candidate",
     "ProcessInspector",
-    "ProcessView",
-    "ProgressClaim",
     "RankEnv",
-    "RankProcess",
-    "UntrustedClaim",
     "choose_gpu",
     "gpu_for_local_rank",
     "is_launcher",

@@ -63,6 +63,7 @@ class NvmlHealthReader:
         self._clock = clock or time.monotonic
         self._unsupported: dict[int, set[str]] = {}
         self._links_up: dict[int, tuple[int, ...]] = {}
+        self._link_count: dict[int, int] = {}
         self._queue: deque[HardwareEvent] = deque(maxlen=max_queued)
         self._lock = threading.Lock()
         self.events_total = 0
@@ -127,7 +128,7 @@ class NvmlHealthReader:
         gen_max = ask("pcie_gen_max", nv.nvmlDeviceGetMaxPcieLinkGeneration)
         width = ask("pcie_width", nv.nvmlDeviceGetCurrPcieLinkWidth)
         width_max = ask("pcie_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth)
-        crc, replay, recovery, down = self._nvlink(index, ask, unsupported)
+        crc, replay, recovery, down = self._nvlink(handle, index, ask, unsupported, errors)
         fabric_state, fabric_status = self._fabric(ask)
         return GpuHealthReading(
             gpu=index,
@@ -158,23 +159,35 @@ class NvmlHealthReader:
         return None
 
     def _nvlink(
-        self, index: int, ask: Any, unsupported: set[str]
+        self, handle: Any, index: int, ask: Any, unsupported: set[str], errors: list[str]
     ) -> tuple[int | None, int | None, int | None, tuple[int, ...]]:
-        """Error counters summed over the links that exist, and links down that were up at first."""
+        """Error counters summed over the links that exist, and links down that were up at first.
+
+        The links are probed once per GPU: the first link NVML refuses (InvalidArgument or
+        NotSupported past link 0) is the board's link count; NotSupported on link 0 is a board without
+        NVLink (never asked again)."""
         nv = self.nv
         if "nvlink" in unsupported:
             return None, None, None, ()
+        count = self._link_count.get(index)
         states: dict[int, bool] = {}
-        for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", _MAX_LINKS))):
-            state = ask(f"nvlink_state_{link}", nv.nvmlDeviceGetNvLinkState, link)
-            if state is None:
-                if f"nvlink_state_{link}" in unsupported:
-                    unsupported.discard(f"nvlink_state_{link}")
+        for link in range(
+            count if count is not None else int(getattr(nv, "NVML_NVLINK_MAX_LINKS", _MAX_LINKS))
+        ):
+            try:
+                states[link] = bool(nv.nvmlDeviceGetNvLinkState(handle, link))
+            except nv.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if code == nv.NVML_ERROR_GPU_IS_LOST:
+                    raise
+                if count is None and code in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT):
                     if link == 0:
                         unsupported.add("nvlink")
+                        return None, None, None, ()
                     break
-                continue
-            states[link] = bool(state)
+                errors.append(f"nvlink_state: {type(exc).__name__.removeprefix('NVMLError_')}")
+        if count is None:
+            self._link_count[index] = len(states)
         if not states:
             return None, None, None, ()
         first = self._links_up.setdefault(index, tuple(link for link, up in states.items() if up))

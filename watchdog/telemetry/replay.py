@@ -24,6 +24,7 @@ from gpu_triage.model.limits import power_limit_problem
 from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError
 from gpu_triage.recordings.values import impossible_power_limit
+from gpu_triage.telemetry.bus_ids import sim_bus_id
 
 
 def _value(array: np.ndarray, row: int) -> float | None:
@@ -98,7 +99,15 @@ class ReplaySource:
             totals = chunk.memory_total_bytes[rows]
             total = float(totals[np.isfinite(totals)][0]) if np.isfinite(totals).any() else None
             name = (names[gpu] if names else "") or "unknown"
-            self._infos.append(GpuInfo(gpu=gpu, name=name, power_limit_w=limit, memory_total_bytes=total))
+            self._infos.append(
+                GpuInfo(
+                    gpu=gpu,
+                    name=name,
+                    power_limit_w=limit,
+                    memory_total_bytes=total,
+                    pci_bus_id=sim_bus_id(gpu),  # the CSV names no bus: the simulation's made-up ones
+                )
+            )
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._infos)
@@ -122,7 +131,13 @@ class ReplaySource:
             times = self._times[gpu]
             if len(times) == 0:
                 samples.append(
-                    GpuSample(gpu=gpu, time_s=now_s, name=info.name, error="no rows in the recording")
+                    GpuSample(
+                        gpu=gpu,
+                        time_s=now_s,
+                        name=info.name,
+                        pci_bus_id=info.pci_bus_id,
+                        error="no rows in the recording",
+                    )
                 )
                 continue
             position = max(int(np.searchsorted(times, at_s, side="right")) - 1, 0)
@@ -139,6 +154,7 @@ class ReplaySource:
                     temperature_c=_value(chunk.temperature_c, row),
                     power_limit_w=_value(chunk.power_limit_w, row),
                     name=info.name,
+                    pci_bus_id=info.pci_bus_id,
                 )
             )
         return samples

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from gpu_triage.model.samples import GpuInfo, GpuSample, TelemetryUnavailable
+from gpu_triage.telemetry.bus_ids import sim_bus_id
 from gpu_triage.telemetry.scenarios import DEFAULT_SCENARIO, find
 
 __all__ = [
@@ -701,17 +702,6 @@ def _as_scenario(scenario: Scenario | str | Path) -> Scenario:
 
 
 # -- the source -------------------------------------------------------------------------------------
-
-
-#: The PCI buses of an 8-GPU HGX board, in NVML's spelling: simulated GPU ``g`` sits on the ``g``-th
-#: (then 0x100 + ...), stable across runs, so a real kernel line naming one reaches that GPU.
-SIM_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
-
-
-def sim_bus_id(gpu: int) -> str:
-    """The made-up PCI bus id of simulated GPU ``gpu`` (``00000000:1B:00.0`` for GPU 0)."""
-    domain, slot = divmod(gpu, len(SIM_BUSES))
-    return f"{domain:08X}:{SIM_BUSES[slot]:02X}:00.0"
 
 
 NOISE_BLOCK = 600

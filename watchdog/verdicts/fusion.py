@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpu_triage.signals.processes import RankProcess, UntrustedClaim
-from gpu_triage.signals.progress import JobProgress, RankProgress, StaleReason
+from gpu_triage.signals.progress_records import JobProgress, RankProgress, StaleReason
+from gpu_triage.signals.rank_process import RankProcess, UntrustedClaim
 from gpu_triage.verdicts.detector import JobView, RankView
 
 

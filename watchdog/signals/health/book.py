@@ -80,6 +80,12 @@ class HealthBook:
         self._polled: dict[int, tuple[HardwareFinding, ...]] = {}
         self._counters: dict[int, _Counters] = {}
         self._xid_totals: dict[tuple[int | None, str | None, int], int] = {}
+        self._xid_by_source: dict[tuple[int | None, str | None, int], dict[FaultSource, int]] = {}
+        """Sightings per source: NVML's event and the kernel log report the same Xid, so an
+        occurrence counts once - the count is the most any one source saw."""
+        self._held_by_source: dict[
+            tuple[int | None, str | None, FaultKind, int | None], dict[FaultSource, int]
+        ] = {}
         self.read_errors: tuple[str, ...] = ()
         self.dropped = 0
         """Held findings refused because :data:`MAX_HELD` were held."""
@@ -107,7 +113,9 @@ class HealthBook:
             entry = judge(event.xid, event.text)
             finding = _xid_finding(entry, event, gpu, bus)
             tkey = (gpu, bus if gpu is None else None, event.xid)
-            self._xid_totals[tkey] = self._xid_totals.get(tkey, 0) + 1
+            seen = self._xid_by_source.setdefault(tkey, {})
+            seen[event.source] = seen.get(event.source, 0) + 1
+            self._xid_totals[tkey] = max(seen.values())
         elif event.kind is FaultKind.FALLEN_OFF_BUS:
             finding = HardwareFinding(
                 kind=FaultKind.FALLEN_OFF_BUS,
@@ -135,11 +143,15 @@ class HealthBook:
     def _hold(self, finding: HardwareFinding, at: float) -> HardwareFinding:
         key = (finding.gpu, finding.pci_bus_id if finding.gpu is None else None, finding.kind, finding.xid)
         old = self._held.get(key)
-        if old is not None:
-            held = replace(old, count=old.count + 1, last_seen=at, level=finding.level, action=finding.action)
-        elif len(self._held) >= MAX_HELD:
+        if old is None and len(self._held) >= MAX_HELD:
             self.dropped += 1
             return finding
+        seen = self._held_by_source.setdefault(key, {})
+        seen[finding.source] = seen.get(finding.source, 0) + 1
+        if old is not None:
+            held = replace(
+                old, count=max(seen.values()), last_seen=at, level=finding.level, action=finding.action
+            )
         else:
             held = replace(finding, first_seen=at, last_seen=at)
         self._held[key] = held
@@ -361,6 +373,7 @@ class HealthBook:
         hold_s = self.settings.event_hold_s
         for key in [k for k, f in self._held.items() if now - f.last_seen > hold_s]:
             del self._held[key]
+            self._held_by_source.pop(key, None)
         per_gpu: dict[int, list[HardwareFinding]] = {g: [] for g in self._gpus}
         node_wide: list[HardwareFinding] = []
         for finding in (*self._held.values(), *(f for fs in self._polled.values() for f in fs)):

@@ -159,6 +159,7 @@ class JournalReader:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
         assert self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
@@ -239,6 +240,16 @@ class FileReader:
 
     def close(self) -> None:
         pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the daemon dies, however it dies (no journalctl left
+    behind by a killed daemon). Linux ``prctl(PR_SET_PDEATHSIG)``; nothing elsewhere."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG = 1
 
 
 def _split(data: bytes) -> tuple[list[str], bytes]:
