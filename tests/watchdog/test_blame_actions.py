@@ -317,3 +317,41 @@ def test_a_failed_drain_is_tried_again_a_minute_later_not_every_cycle(
     results = [(r["result"], r.get("retry_in_s")) for r in d.records if r["action"] == "drain"]
     assert results == [("started", None), ("error", DRAIN_RETRY_S), ("started", None), ("ok", None)], results
     assert len(calls.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("show", "requeue_rc", "dry_run", "want"),
+    [
+        ("JobId=42 Requeue=1 Restarts=0", 0, False, "ok"),
+        ("JobId=42 Requeue=0 Restarts=0", 0, False, "not requeueable"),
+        ("JobId=42 Restarts=0", 0, False, "not requeueable"),
+        ("JobId=42 Requeue=1 Restarts=0", 1, False, "scontrol requeue 42 failed: Invalid job state"),
+        ("JobId=42 Requeue=1 Restarts=0", 0, True, "dry"),
+    ],
+)
+def test_requeue_only_what_slurm_says_may_be_requeued_else_the_rung_cancels(
+    tmp_path: Path, show: str, requeue_rc: int, dry_run: bool, want: str
+) -> None:
+    """The requeue module against a scripted scontrol (the real one: test_slurm_blame.py)."""
+    from gpu_triage.actions.kill import SubprocessRunner
+    from gpu_triage.actions.requeue import requeue
+    from gpu_triage.signals.slurm import SlurmIdentity, SlurmTarget
+
+    calls = tmp_path / "calls"
+    (tmp_path / "scontrol").write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        f'if [ "$1" = show ]; then echo "{show}"; exit 0; fi\n'
+        f'[ {requeue_rc} -eq 0 ] || {{ echo "Invalid job state" >&2; exit {requeue_rc}; }}\n'
+    )
+    (tmp_path / "scontrol").chmod(0o755)
+    target = SlurmTarget(SlurmIdentity("42", "0"), 1000, (4711,), ("stepd",))
+    out = requeue(SubprocessRunner(), target, bin_dir=tmp_path, timeout_s=10.0, dry_run=dry_run)
+    ran = calls.read_text().splitlines()
+    assert ran[0] == "show job -o 42"
+    if want == "ok":
+        assert out.ok and ran[1:] == ["requeue 42"] and out.to_dict()["requeue"] is True
+    elif want == "dry":
+        assert out.ok and out.result is None and ran[1:] == [], "a dry run requeues nothing"
+    else:
+        assert not out.ok and want in (out.refused or ""), out.refused
+        assert ran[1:] == ([] if "requeueable" in want else ["requeue 42"])
