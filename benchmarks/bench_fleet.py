@@ -36,8 +36,9 @@ from gpu_triage.signals.fleet.facts import JobFacts, RankFacts
 from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError
 from gpu_triage.signals.fleet.remote import job_query, remote_facts
+from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import RankStack, StackInfo, StackPhase, StackSummary
-from gpu_triage.signals.stacks.evidence import StackEvidenceConfig, stack_facts
+from gpu_triage.signals.stacks.evidence import stack_facts
 
 JOB = "master-10.0.0.1:29500"
 PER_NODE = 8
@@ -118,7 +119,7 @@ def _local_stacks(now: float, hang_at: float):
         )
         ranks[r] = RankStack(r, 1000 + r, info, now - 0.5, hang_at, 10)
     summary = StackSummary(ranks, None)
-    return stack_facts(now, summary, [(r, 0.0) for r in range(PER_NODE)], None, StackEvidenceConfig(), None)
+    return stack_facts(now, summary, [(r, 0.0) for r in range(PER_NODE)], None, StacksConfig(), None)
 
 
 def _measure(nodes: int, prometheus: str, window_s: float) -> dict[str, float]:

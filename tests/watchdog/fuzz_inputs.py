@@ -364,9 +364,10 @@ def prometheus_seeds() -> list[bytes]:
 def run_prometheus(data: bytes, tmp: Path) -> str:
     """A Prometheus answer: parsed into samples or refused (PromError); then the other nodes' facts
     and the fusion rule on them never raise."""
-    from gpu_triage.signals.fleet.fusion import FusionConfig, fuse
+    from gpu_triage.signals.fleet.fusion import fuse
     from gpu_triage.signals.fleet.prom_client import PromError, parse_vector
     from gpu_triage.signals.fleet.remote import remote_facts
+    from gpu_triage.verdicts.settings import DetectorConfig
 
     try:
         samples = parse_vector(data)
@@ -374,7 +375,7 @@ def run_prometheus(data: bytes, tmp: Path) -> str:
         return "error"
     remote = remote_facts("master-10.0.0.1:29500", samples, own_node="node-c", asked_at=1_700_000_001.0)
     fuse(1_700_000_001.0, own_node="node-c", world_size=6, local_ranks=[4, 5], local_stacks=None,
-         remote=remote, cfg=FusionConfig())  # fmt: skip
+         remote=remote, cfg=DetectorConfig().fusion())  # fmt: skip
     return "result"
 
 

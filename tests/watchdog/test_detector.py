@@ -446,9 +446,10 @@ def replace_gpu(r: RankView) -> RankView:
 
 
 def test_step_timing_rises_at_once_and_comes_down_slowly():
-    from gpu_triage.verdicts.step_timing import FirstStep, StepTiming, TimingConfig
+    from gpu_triage.verdicts.settings import DetectorConfig
+    from gpu_triage.verdicts.step_timing import FirstStep, StepTiming
 
-    t = StepTiming(TimingConfig(default_interval_s=60.0, first_step_default_s=600.0))
+    t = StepTiming(DetectorConfig(default_step_interval_s=60.0, first_step_default_s=600.0).timing())
     assert t.interval_s() == 60.0 and not t.learned()
     t.observe_interval(10.0)
     assert t.interval_s() == 10.0

@@ -26,8 +26,9 @@ from gpu_triage.signals.fleet.facts import JobFacts, RankFacts, local_facts
 from gpu_triage.signals.fleet.fusion import FleetState, FusionConfig, fuse
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError, parse_vector
 from gpu_triage.signals.fleet.remote import RemoteFacts, Sample, job_query, remote_facts
+from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import StackSummary, group_key
-from gpu_triage.signals.stacks.evidence import StackEvidenceConfig, stack_facts
+from gpu_triage.signals.stacks.evidence import stack_facts
 from gpu_triage.verdicts.detector import Detector, GpuView, JobView, RankView
 from tests.watchdog.test_stacks import ALLREDUCE, BARRIER, SAVING, _rank
 
@@ -45,7 +46,7 @@ REDUCE = (
 def _local(now: float, frames=ALLREDUCE, since: float = 0.0, ranks=(2, 3), world: int = 4):
     n = max(1, int((now - since) // 3) + 1)
     summary = StackSummary({r: _rank(r, frames, now, since, n) for r in ranks}, world)
-    return stack_facts(now, summary, [(r, 0.0) for r in ranks], world, StackEvidenceConfig(), None)
+    return stack_facts(now, summary, [(r, 0.0) for r in ranks], world, StacksConfig(), None)
 
 
 def _remote_rank(rank: int, frames, now: float, since: float = 0.0, **kw) -> RankFacts:

@@ -974,3 +974,40 @@ def test_an_xid_reported_by_both_nvml_and_the_kernel_log_counts_once() -> None:
     (finding,) = health.gpu(2).findings
     assert finding.count == 2 and finding.last_seen == 5.5
     assert [(x.gpu, x.xid, x.count) for x in health.xid_totals] == [(2, 48, 2)]
+
+
+def test_a_sites_xid_catalog_replaces_the_builtin_one_and_a_bad_one_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    from gpu_triage.daemon.build import validate_health
+    from gpu_triage.daemon.config import ConfigError, load_config, override
+    from tests.conftest import REPO
+
+    mine = tmp_path / "xid.toml"
+    text = (REPO / "watchdog" / "signals" / "health" / "xid_catalog.toml").read_text()
+    # this site drains on Xid 13 (say, a known-bad batch of boards)
+    start = text.index("code = 13\n")
+    entry_end = text.index("[[xid]]", start)
+    entry = text[start:entry_end]
+    changed = entry.replace('blame = "application"', 'blame = "gpu"').replace(
+        'level = "healthy"', 'level = "unhealthy"'
+    )
+    changed = changed.replace('action = "restart_job"', 'action = "drain_node"')
+    mine.write_text(text[:start] + changed + text[entry_end:])
+    config = override(
+        load_config(None, {}), {"health.kernel_log": "off", "health.xid_catalog": str(mine)}, origin="t"
+    )
+    validate_health(config)
+    monitor = HealthMonitor(config.health, GPUS)
+    monitor.book.add_event(HardwareEvent(FaultKind.XID, FaultSource.KERNEL_LOG, 1.0, gpu=0, xid=13))
+    (finding,) = monitor.book.node_health(1.0).gpu(0).findings
+    assert (finding.blame, finding.level, finding.action) == (
+        Blame.NODE,
+        HealthLevel.UNHEALTHY,
+        OperatorAction.DRAIN_NODE,
+    )
+    mine.write_text(text.replace('blame = "fabric"', 'blame = "cosmic rays"', 1))
+    with pytest.raises(
+        ConfigError, match=r"health\.xid_catalog: .*xid\.toml: xid 74: blame: expected one of"
+    ):
+        validate_health(config)

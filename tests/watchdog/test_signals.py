@@ -103,6 +103,7 @@ def test_a_registered_signal_is_built_run_reported_reloaded_and_closed(tmp_path:
         assert seen_at == now
         (sight,) = [s for s in sights if s.job == JOB]  # (other jobs of this machine's users may show)
         assert sight.job == JOB and sight.world_size == 2 and sight.has_progress and sight.ranks_here == 1
+        assert not sight.suspect and sight.gpus == frozenset()  # no GPU: the none source
         assert "stacks" in sight.facts  # it reads the stacks: they ran first and their facts are its
         # its status is published by name; the built-in ones where they always were
         assert snap.signals["probe"] == {"min_interval_s": 60.0, "calls": 1}

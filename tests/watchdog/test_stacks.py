@@ -14,6 +14,7 @@ import pytest
 
 from gpu_triage.model.findings import Signal
 from gpu_triage.model.states import Verdict
+from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import (
     RankStack,
     StackError,
@@ -23,7 +24,7 @@ from gpu_triage.signals.stacks.dumps import (
     parse_dump,
     stack_pattern,
 )
-from gpu_triage.signals.stacks.sampler import DumpResult, SamplerConfig, StackSampler, find_py_spy
+from gpu_triage.signals.stacks.sampler import DumpResult, StackSampler, find_py_spy
 from gpu_triage.verdicts.detector import Detector, JobView, RankView
 from tests.conftest import in_ci
 
@@ -321,7 +322,7 @@ def test_sampler_dumps_a_real_process_and_reports_its_cost(tmp_path: Path):
     proc = subprocess.Popen([sys.executable, str(script)])
     try:
         time.sleep(0.5)
-        sampler = StackSampler(SamplerConfig(healthy_interval_s=60.0))
+        sampler = StackSampler(StacksConfig(healthy_interval_s=60.0))
         assert sampler.request(0.0, "j", {0: proc.pid})
         assert sampler.wait_idle(30)
         assert not sampler.request(1.0, "j", {0: proc.pid})  # not due yet
@@ -339,7 +340,7 @@ def test_sampler_dumps_a_real_process_and_reports_its_cost(tmp_path: Path):
 
 
 def test_a_missing_py_spy_is_reported_and_sampling_carries_on_without_it(tmp_path: Path):
-    sampler = StackSampler(SamplerConfig(py_spy=str(tmp_path / "no-such-py-spy")))
+    sampler = StackSampler(StacksConfig(py_spy=str(tmp_path / "no-such-py-spy")))
     assert sampler.status()["state"] == "py_spy_missing"
     assert not sampler.request(0.0, "j", {0: 1})
     assert sampler.summary("j") is None
@@ -347,7 +348,7 @@ def test_a_missing_py_spy_is_reported_and_sampling_carries_on_without_it(tmp_pat
 
 def test_denied_ptrace_is_reported_and_stops_sampling():
     denied = DumpResult(1, b"", "Error: Permission denied (os error 13)\n", 0.001, 0.01)
-    sampler = StackSampler(SamplerConfig(), runner=lambda _b, _pid: denied)
+    sampler = StackSampler(StacksConfig(), runner=lambda _b, _pid: denied)
     assert sampler.request(0.0, "j", {0: 10, 1: 11})
     assert sampler.wait_idle(10)
     st = sampler.status()
@@ -357,7 +358,7 @@ def test_denied_ptrace_is_reported_and_stops_sampling():
 
 def test_the_budget_holds_back_dumps_and_counts_them():
     ok = DumpResult(0, dump(*ALLREDUCE).encode(), "", 2.0, 0.01)
-    sampler = StackSampler(SamplerConfig(budget_cpu_s_per_min=3.0), runner=lambda _b, _pid: ok)
+    sampler = StackSampler(StacksConfig(budget_cpu_s_per_min=3.0), runner=lambda _b, _pid: ok)
     assert sampler.request(0.0, "j", {0: 10}, blind=True)
     assert sampler.wait_idle(10)
     # no progress files and a rank in a collective: suspicious, due after 3 s; 2 CPU-s spent of 3:
@@ -368,7 +369,7 @@ def test_the_budget_holds_back_dumps_and_counts_them():
     assert sampler.status()["skipped_budget_total"] == 1
     # a job whose steps advance is dumped on the healthy schedule whatever its last stack said
     assert not sampler.request(70.0, "k", {}, blind=False)
-    calm = StackSampler(SamplerConfig(budget_cpu_s_per_min=30.0), runner=lambda _b, _pid: ok)
+    calm = StackSampler(StacksConfig(budget_cpu_s_per_min=30.0), runner=lambda _b, _pid: ok)
     assert calm.request(0.0, "k", {0: 10})
     assert calm.wait_idle(10)
     assert not calm.request(3.0, "k", {0: 10})
@@ -425,7 +426,7 @@ def test_the_budget_also_stops_a_round_midway():
     ok = DumpResult(0, dump(*ALLREDUCE).encode(), "", 2.0, 0.01)
     seen: list[int] = []
     sampler = StackSampler(
-        SamplerConfig(budget_cpu_s_per_min=3.0), runner=lambda _b, pid: (seen.append(pid), ok)[1]
+        StacksConfig(budget_cpu_s_per_min=3.0), runner=lambda _b, pid: (seen.append(pid), ok)[1]
     )
     assert sampler.request(0.0, "j", {0: 10, 1: 11, 2: 12}, blind=True)
     assert sampler.wait_idle(10)

@@ -44,7 +44,16 @@ def check_token(config: Config) -> None:
 def start_checks() -> tuple[Callable[[Config], None], ...]:
     """Every check ``run`` makes of a configuration before its first cycle (each raises ConfigError);
     ``check-config`` runs the same list, so it never approves what ``run`` refuses."""
-    return (validate_classifier, check_token)
+    return (validate_classifier, check_token, validate_health)
+
+
+def validate_health(config: Config) -> None:
+    """A site's Xid catalog (``health.xid_catalog``) must load whole now (ConfigError naming the key)."""
+    from gpu_triage.signals.health.monitor import check_catalog
+
+    problem = check_catalog(config.health)
+    if problem is not None:
+        raise ConfigError([f"{config.origin}: health.xid_catalog: {problem}"])
 
 
 def validate_classifier(config: Config) -> None:

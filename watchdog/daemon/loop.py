@@ -9,10 +9,12 @@ REST and /metrics (uvicorn in a thread) only ever read the latest published snap
 client can never delay a cycle; mutations reach the loop through a queue it drains each cycle. The
 main thread owns the signals: SIGTERM/SIGINT stop cleanly, SIGHUP reloads the configuration.
 
-This module is the cycle itself; what it calls lives by concern next to it: ``build`` (the parts made
-from the Config, start checks), ``observe`` (one cycle's JobViews), ``record`` (events, verdict changes,
-what a restarted daemon continues from), ``health`` (failed and degraded cycles, input errors),
-``reload`` (SIGHUP, signal handlers) and ``summary`` (the foreground line).
+This module is the cycle itself; the parts it composes own their state next to it: ``observe`` (the
+Observer: progress files, processes, the registered signals, one cycle's JobViews), ``record`` (the
+Recorder: events, verdict changes, what a restarted daemon continues from), ``health`` (the HealthBook:
+failed and degraded cycles, input errors); ``build`` makes the rest from the Config (tracker, action
+engine, HTTP server, state lock, start checks), ``reload`` re-reads the config on SIGHUP and installs
+the signal handlers, ``summary`` writes the foreground line. None of them imports this module.
 """
 
 from __future__ import annotations

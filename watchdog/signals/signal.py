@@ -73,6 +73,8 @@ class JobSight:
     has_progress: bool
     suspect: bool
     """The job's last verdict asks for a closer look (not healthy, checkpoint or ended)."""
+    gpus: frozenset[int] = frozenset()
+    """The GPUs (indices) its ranks on this node drive."""
     facts: Contribution = field(default_factory=dict)
     """What the signals before this one contributed this cycle (a signal names what it reads in
     :attr:`SignalKind.reads`, so those run first)."""

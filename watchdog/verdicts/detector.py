@@ -181,7 +181,7 @@ class Detector:
         )
         facts = blame.without_spin(facts, hw)
         frozen_after_s = min(fast_budget_s(cfg, facts, mem.timing, remote=facts.unseen > 0), 60.0)
-        findings = job_findings(now, job, facts, frozen_after_s=frozen_after_s, stacks=cfg.stacks.evidence())
+        findings = job_findings(now, job, facts, frozen_after_s=frozen_after_s, stacks=cfg.stacks)
         if not blind_reasons(job, facts):
             mem.blind_since = None
         elif mem.blind_since is None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 from gpu_triage.model.evidence import CannotJudge, Coverage, JobEvidence
 from gpu_triage.model.findings import Finding, Signal, context, hang, progress
 from gpu_triage.signals.fleet.fusion import FleetEvidence, FleetState
-from gpu_triage.signals.stacks.evidence import StackEvidenceConfig, stack_findings, where
+from gpu_triage.signals.stacks.config import StacksConfig
+from gpu_triage.signals.stacks.evidence import stack_findings, where
 from gpu_triage.verdicts.facts import Decision, JobFacts
 from gpu_triage.verdicts.views import JobView
 
 
 def job_findings(
-    now: float, job: JobView, f: JobFacts, *, frozen_after_s: float, stacks: StackEvidenceConfig
+    now: float, job: JobView, f: JobFacts, *, frozen_after_s: float, stacks: StacksConfig
 ) -> list[Finding]:
     """Every signal's statement about the job this cycle. ``frozen_after_s``: how long no train rank
     may advance before ``steps_frozen`` is said (the fast budget, at most 60 s)."""

@@ -184,7 +184,7 @@ def _fleet(
 
 def _stack_facts(now: float, job: JobView, mem: JobMemory, cfg: DetectorConfig) -> StackFacts | None:
     alive = [(r.rank, r.cpu_ratio) for r in job.ranks if r.alive is not False and r.pid is not None]
-    sf = stack_facts(now, job.stacks, alive, job.world_size, cfg.stacks.evidence(), mem.asleep_since)
+    sf = stack_facts(now, job.stacks, alive, job.world_size, cfg.stacks, mem.asleep_since)
     mem.asleep_since = sf.asleep_since if sf is not None else None
     if sf is not None and sf.in_save and not sf.split:
         mem.save_seen_at = now

@@ -178,7 +178,7 @@ def k6_stacks(
         signals.append(str(Signal.SPIN_BAND))
     elif _ras_frozen(now, job, cfg):
         signals.append(str(Signal.NCCL_COUNTS_FROZEN))
-    elif asleep_long_enough(sf, now, cfg.stacks.evidence()):
+    elif asleep_long_enough(sf, now, cfg.stacks):
         signals.append(str(Signal.RANKS_ASLEEP))
     else:
         return None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from gpu_triage.model.config_checks import boolean, number
 from gpu_triage.model.config_schema import derived, setting
 from gpu_triage.model.states import GpuState
+from gpu_triage.signals.fleet.config import ClusterConfig
 from gpu_triage.signals.fleet.fusion import FusionConfig
 from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.verdicts.step_timing import TimingConfig
@@ -101,15 +102,18 @@ class DetectorConfig:
         "this node", doc="this node's name ([daemon] node): how its ranks are named among the world's"
     )
     fleet_stale_after_s: float = derived(
-        15.0, doc="other nodes' facts older than this are unknown ([cluster] stale_after_s)"
+        ClusterConfig().stale_after_s,
+        doc="other nodes' facts older than this are unknown ([cluster] stale_after_s)",
     )
 
     def fusion(self) -> FusionConfig:
+        """The fleet rule's settings, from ``[cluster]`` and ``[stacks]``."""
         return FusionConfig(
             stale_after_s=self.fleet_stale_after_s, frozen_s=self.stacks.frozen_s, fresh_s=self.stacks.fresh_s
         )
 
     def timing(self) -> TimingConfig:
+        """The step-timing settings, from ``[detector]``'s."""
         return TimingConfig(
             default_interval_s=self.default_step_interval_s,
             first_step_default_s=self.first_step_default_s,

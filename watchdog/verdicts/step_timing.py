@@ -31,21 +31,23 @@ class FirstStep(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class TimingConfig:
-    default_interval_s: float = 60.0
+    """Derived from ``[detector]`` (``DetectorConfig.timing()``), which holds the defaults."""
+
+    default_interval_s: float
     """Assumed until the job's own interval is learned (one advance within a train stretch)."""
-    first_step_default_s: float = 600.0
+    first_step_default_s: float
     """Budget of the first step after a start while no first step of this job has been seen."""
-    k_first: float = 2.0
+    k_first: float
     """A first step may take this many times the longest first step seen (of the same kind)."""
-    post_lease_intervals: float = 2.5
-    """A first step after a lease, before any was seen, may take this many steady intervals."""
-    decay: float = 0.1
+    decay: float
     """Downward adaptation per observed shorter interval (0..1)."""
+    post_lease_intervals: float = 2.5
+    """A first step after a lease, before any was seen, may take this many steady intervals (fixed)."""
 
 
 @dataclass
 class StepTiming:
-    config: TimingConfig = field(default_factory=TimingConfig)
+    config: TimingConfig
     estimate_s: float | None = None
     intervals_seen: int = 0
     first_steps: dict[FirstStep, deque[float]] = field(

@@ -47,11 +47,13 @@ class FleetState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class FusionConfig:
-    stale_after_s: float = 15.0
-    """A node's facts (and Prometheus's answer) older than this are unknown."""
-    frozen_s: float = 20.0
+    """Derived from the sections (``DetectorConfig.fusion()``), which hold the defaults."""
+
+    stale_after_s: float
+    """A node's facts (and Prometheus's answer) older than this are unknown ([cluster] stale_after_s)."""
+    frozen_s: float
     """A stack unchanged this long is frozen ([stacks] frozen_s)."""
-    fresh_s: float = 30.0
+    fresh_s: float
     """A stack taken longer ago than this is no fact ([stacks] fresh_s)."""
 
 

@@ -13,33 +13,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from gpu_triage.signals.fleet.config import ClusterConfig
 from gpu_triage.signals.fleet.prom_client import PromClient, PromError
 from gpu_triage.signals.fleet.remote import RemoteFacts, job_query, remote_facts
 
 log = logging.getLogger("gpu_watchdog.fleet")
 
 
-@dataclass(frozen=True, slots=True)
-class PollerConfig:
-    prometheus_url: str | None = None
-    node: str = "localhost"
-    min_interval_s: float = 5.0
-    timeout_s: float = 3.0
-    max_response_bytes: int = 32 << 20
-
-
 class FleetPoller:
     def __init__(
         self,
-        config: PollerConfig,
+        config: ClusterConfig,
         *,
+        node: str = "localhost",
         clock: Callable[[], float] = time.time,
         client: PromClient | None = None,
     ) -> None:
         self.config = config
+        self.node = node
         self.clock = clock
         self._client = client
         if self._client is None and config.prometheus_url:
@@ -114,7 +107,7 @@ class FleetPoller:
             facts = remote_facts(
                 job,
                 result.samples,
-                own_node=self.config.node,
+                own_node=self.node,
                 asked_at=self.clock(),
                 query_s=result.seconds,
                 size=result.bytes,
@@ -159,7 +152,7 @@ class FleetPoller:
         with self._lock:
             return {
                 "prometheus_url": self.config.prometheus_url,
-                "node": self.config.node,
+                "node": self.node,
                 "min_interval_s": self.config.min_interval_s,
                 "queries_total": self.queries_total,
                 "errors_total": self.errors_total,
@@ -168,4 +161,4 @@ class FleetPoller:
             }
 
 
-__all__ = ["FleetPoller", "PollerConfig"]
+__all__ = ["FleetPoller"]

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_triage.signals.fleet.config import ClusterConfig
-from gpu_triage.signals.fleet.poller import FleetPoller, PollerConfig
+from gpu_triage.signals.fleet.poller import FleetPoller
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.signal import Contribution, JobSight, SignalEnv, register
 from gpu_triage.signals.stacks.dumps import StackSummary
@@ -19,16 +19,7 @@ from gpu_triage.signals.stacks.signal import waiting_in_collective
 class FleetSignal:
     def __init__(self, settings: ClusterConfig, env: SignalEnv) -> None:
         self.settings = settings
-        self.poller = FleetPoller(
-            PollerConfig(
-                prometheus_url=settings.prometheus_url,
-                node=env.node,
-                min_interval_s=settings.min_interval_s,
-                timeout_s=settings.timeout_s,
-                max_response_bytes=settings.max_response_bytes,
-            ),
-            clock=env.clock,
-        )
+        self.poller = FleetPoller(settings, node=env.node, clock=env.clock)
 
     def contribute(self, now: float, jobs: Sequence[JobSight]) -> Mapping[str, Contribution]:
         if not self.poller.enabled:

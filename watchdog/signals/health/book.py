@@ -57,6 +57,8 @@ class BookSettings:
     event_hold_s: float = 3600.0
     ecc_correctable_burst: int = 100
     nvlink_error_burst: int = 100
+    catalog: dict[int, XidEntry] | None = None
+    """A site's Xid catalog (``[health] xid_catalog``); None: the built-in one."""
 
 
 @dataclass(slots=True)
@@ -110,7 +112,7 @@ class HealthBook:
         gpu = event.gpu if event.gpu is not None else self.gpu_of(event.pci_bus_id)
         bus = event.pci_bus_id or (self._gpus.get(gpu) if gpu is not None else None)
         if event.kind is FaultKind.XID and event.xid is not None:
-            entry = judge(event.xid, event.text)
+            entry = judge(event.xid, event.text, self.settings.catalog)
             finding = _xid_finding(entry, event, gpu, bus)
             tkey = (gpu, bus if gpu is None else None, event.xid)
             seen = self._xid_by_source.setdefault(tkey, {})

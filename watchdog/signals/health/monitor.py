@@ -36,6 +36,7 @@ from gpu_triage.model.health import (
 )
 from gpu_triage.model.names import printable
 from gpu_triage.signals.health.book import BookSettings, HealthBook
+from gpu_triage.signals.health.catalog import CatalogError, load_catalog
 from gpu_triage.signals.health.kernel_log import (
     MAX_LINES_PER_POLL,
     FileReader,
@@ -71,6 +72,9 @@ class HealthConfig:
     )
     nvlink_error_burst: int = setting(
         100, parse=integer(1, 10**9), doc="NVLink CRC or replay errors in one poll that degrade a GPU"
+    )
+    xid_catalog: Path | None = setting(
+        None, parse=optional_path, doc="a site's Xid catalog replacing the built-in one (the same format)"
     )
 
 
@@ -240,11 +244,30 @@ class HealthMonitor:
 
 
 def _settings(config: HealthConfig) -> BookSettings:
+    try:
+        entries = load_catalog(config.xid_catalog) if config.xid_catalog is not None else None
+    except (CatalogError, OSError) as e:  # the start check refuses it first (daemon/build.py)
+        log.error("health.xid_catalog: %s; using the built-in catalog", e)
+        entries = None
     return BookSettings(
         event_hold_s=config.event_hold_s,
         ecc_correctable_burst=config.ecc_correctable_burst,
         nvlink_error_burst=config.nvlink_error_burst,
+        catalog=entries,
     )
 
 
-__all__ = ["KERNEL_LOG_CHOICES", "HealthConfig", "HealthMonitor", "open_kernel_log"]
+def check_catalog(config: HealthConfig) -> str | None:
+    """Why ``xid_catalog`` cannot be used (None: unset, or it loads)."""
+    if config.xid_catalog is None:
+        return None
+    try:
+        load_catalog(config.xid_catalog)
+    except CatalogError as e:
+        return str(e)
+    except OSError as e:
+        return f"{config.xid_catalog}: {e.strerror or e}"
+    return None
+
+
+__all__ = ["KERNEL_LOG_CHOICES", "HealthConfig", "HealthMonitor", "check_catalog", "open_kernel_log"]

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from gpu_triage.model.config_checks import boolean, integer, nonempty_text, number
 from gpu_triage.model.config_schema import setting
-from gpu_triage.signals.stacks.evidence import StackEvidenceConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,16 +44,6 @@ class StacksConfig:
     asleep_cpu_ratio: float = setting(
         0.3, parse=number(0, 64), doc="a rank below this share of a core is asleep on the host"
     )
-
-    def evidence(self) -> StackEvidenceConfig:
-        """What the detector makes of the dumps (``frozen_s``, ``min_samples``, ...)."""
-        return StackEvidenceConfig(
-            frozen_s=self.frozen_s,
-            min_samples=self.min_samples,
-            fresh_s=self.fresh_s,
-            checkpoint_max_s=self.checkpoint_max_s,
-            asleep_cpu_ratio=self.asleep_cpu_ratio,
-        )
 
 
 __all__ = ["StacksConfig"]

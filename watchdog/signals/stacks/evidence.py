@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpu_triage.model.findings import Finding, Signal, context, hang, progress
+from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import (
     AVAILABLE,
     StackPattern,
@@ -41,15 +42,6 @@ from gpu_triage.signals.stacks.dumps import (
     group_key,
     stack_pattern,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class StackEvidenceConfig:
-    frozen_s: float = 20.0
-    min_samples: int = 4
-    fresh_s: float = 30.0
-    checkpoint_max_s: float = 1800.0
-    asleep_cpu_ratio: float = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +100,7 @@ def stack_facts(
     summary: StackSummary | None,
     ranks: Sequence[tuple[int, float | None]],
     world_size: int | None,
-    cfg: StackEvidenceConfig,
+    cfg: StacksConfig,
     asleep_since: float | None,
 ) -> StackFacts | None:
     """``ranks``: (rank, CPU ratio) of the job's ranks on this node; ``asleep_since`` the previous
@@ -158,7 +150,7 @@ def stack_facts(
     )
 
 
-def asleep_long_enough(sf: StackFacts, now: float, cfg: StackEvidenceConfig) -> bool:
+def asleep_long_enough(sf: StackFacts, now: float, cfg: StacksConfig) -> bool:
     return sf.asleep_since is not None and now - sf.asleep_since >= cfg.frozen_s
 
 
@@ -167,7 +159,7 @@ def where(sf: StackFacts) -> str:
     return "; ".join(f"rank {','.join(map(str, g.ranks))}: {g.key}" for g in sf.pattern.groups)
 
 
-def stack_findings(now: float, sf: StackFacts | None, cfg: StackEvidenceConfig) -> list[Finding]:
+def stack_findings(now: float, sf: StackFacts | None, cfg: StacksConfig) -> list[Finding]:
     if sf is None:
         return []
     out: list[Finding] = []
@@ -249,7 +241,6 @@ def phase_of(sf: StackFacts | None, rank: int) -> StackPhase | None:
 
 
 __all__ = [
-    "StackEvidenceConfig",
     "StackFacts",
     "asleep_long_enough",
     "phase_of",

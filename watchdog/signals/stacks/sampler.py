@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import (
     AVAILABLE,
     DISABLED,
@@ -58,20 +59,6 @@ from gpu_triage.signals.stacks.dumps import (
 log = logging.getLogger("gpu_watchdog.stacks")
 
 MAX_OUTPUT_BYTES = 4 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class SamplerConfig:
-    enabled: bool = True
-    py_spy: str = "auto"
-    """A path, or ``auto``: PATH, then beside the running interpreter."""
-    nonblocking: bool = True
-    healthy_interval_s: float = 60.0
-    blind_interval_s: float = 5.0
-    suspect_interval_s: float = 3.0
-    timeout_s: float = 5.0
-    budget_cpu_s_per_min: float = 3.0
-    max_parallel: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +144,13 @@ class StackSampler:
 
     def __init__(
         self,
-        config: SamplerConfig = SamplerConfig(),
+        config: StacksConfig | None = None,
         *,
         runner: Runner | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        config = StacksConfig() if config is None else config
         self.config = config
         self.clock = clock
         self.monotonic = monotonic
@@ -369,7 +357,6 @@ __all__ = [
     "PTRACE_DENIED",
     "PY_SPY_MISSING",
     "DumpResult",
-    "SamplerConfig",
     "StackSampler",
     "StackSummary",
     "find_py_spy",

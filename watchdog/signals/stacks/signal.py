@@ -10,7 +10,7 @@ from typing import Any
 from gpu_triage.signals.signal import Contribution, JobSight, SignalEnv, register
 from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.dumps import StackPhase, StackSummary
-from gpu_triage.signals.stacks.sampler import SamplerConfig, StackSampler
+from gpu_triage.signals.stacks.sampler import StackSampler
 
 
 def waiting_in_collective(summary: object) -> bool:
@@ -24,20 +24,7 @@ def waiting_in_collective(summary: object) -> bool:
 class StackSignal:
     def __init__(self, settings: StacksConfig, env: SignalEnv) -> None:
         self.settings = settings
-        self.sampler = StackSampler(
-            SamplerConfig(
-                enabled=settings.enabled,
-                py_spy=settings.py_spy,
-                nonblocking=settings.nonblocking,
-                healthy_interval_s=settings.healthy_interval_s,
-                blind_interval_s=settings.blind_interval_s,
-                suspect_interval_s=settings.suspect_interval_s,
-                timeout_s=settings.timeout_s,
-                budget_cpu_s_per_min=settings.budget_cpu_s_per_min,
-                max_parallel=settings.max_parallel,
-            ),
-            clock=env.clock,
-        )
+        self.sampler = StackSampler(settings, clock=env.clock)
 
     def contribute(self, now: float, jobs: Sequence[JobSight]) -> Mapping[str, Contribution]:
         out: dict[str, Contribution] = {}
