@@ -11,7 +11,7 @@ from typing import Any
 
 from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.findings import Finding
-from gpu_triage.model.health import UNKNOWN_HEALTH, NodeHealth
+from gpu_triage.model.health import UNKNOWN_HEALTH, Blame, NodeHealth
 from gpu_triage.model.states import GpuState, Mode, Verdict
 
 
@@ -78,6 +78,10 @@ class JobStatus:
     """Every signal's statement this cycle (stored here only; the evidence's JSON lists them)."""
     detector_error: str | None = None
     """Why the detector could not judge the job this cycle (its verdict is the last one kept)."""
+    blame: Blame = Blame.JOB
+    """Whom the verdict blames (docs/detector.md "Blame"): ``node`` when a hardware fault sits on one of
+    the job's GPUs (or a node of the job is lost), ``network`` for a fabric fault, ``unknown`` for an
+    Xid nobody catalogued, else ``job``. The findings behind it are ``evidence.hardware``."""
 
     def evidence_dict(self) -> dict[str, Any]:
         """The evidence as JSON (REST ``/status``, alerts, logs, the event store): keys in
@@ -88,6 +92,7 @@ class JobStatus:
             kill_worthy=self.kill_worthy,
             cause=self.cause,
             detector_error=self.detector_error,
+            blame=self.blame,
         )
 
 

@@ -38,12 +38,12 @@ from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S, Silenc
 from gpu_triage.model.health import node_health_dict
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus, RankStatus, Snapshot
-from gpu_triage.model.states import GpuState, Mode, Verdict
+from gpu_triage.model.states import Mode
 from gpu_triage.serving.control import Control, ControlRefused, EventsReader
-from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.serving.health_doc import NodeHealthDoc
 from gpu_triage.serving.metrics import MetricsExposition, render
 from gpu_triage.serving.publish import SnapshotHolder
+from gpu_triage.serving.status_doc import GpuDoc, JobDoc
 
 MAX_BODY_BYTES = 64 * 1024
 #: Health: the last cycle must be younger than this many periods, and never less than MIN_STALE_S.
@@ -83,7 +83,7 @@ GPU_FIELDS = (
     "read_errors_total",
     "pci_bus_id",
 )
-JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause")
+JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause", "blame")
 RANK_FIELDS = ("rank", "pid", "gpu", "step", "phase", "lease_until", "alive", "process_status")
 
 
@@ -142,62 +142,6 @@ DEGRADING_ERRORS = ("job", "persist", "actions", "store", "signal")
 
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class PodDoc(_Doc):
-    pod_uid: str = Field(description="UID of the Kubernetes pod the rank runs in (from its cgroup)")
-    namespace: str | None = Field(description="the pod's namespace, where the node's log directories name it")
-    pod: str | None = Field(description="the pod's name")
-    container: str | None = Field(description="the container's name")
-    container_id: str | None = Field(description="the container's id (64 hex digits)")
-
-
-class RankDoc(_Doc):
-    rank: int
-    pid: int | None
-    gpu: int | None
-    step: int | None
-    phase: str | None
-    lease_until: float | None = Field(description="End of the rank's phase lease (epoch seconds)")
-    alive: bool | None
-    process_status: str | None = Field(description="psutil status ('disk-sleep' is D-state)")
-    pod: PodDoc | None = Field(default=None, description="Kubernetes pod of the rank; null outside one")
-
-
-class GpuDoc(_Doc):
-    gpu: int = Field(description="GPU index")
-    uuid: str | None
-    name: str | None = Field(description="NVML device name")
-    model: str = Field(description="Power table the GPU was matched to")
-    power_w: float | None
-    power_limit_w: float | None
-    utilization_ratio: float | None = Field(description="0..1")
-    memory_used_bytes: float | None
-    state: GpuState
-    state_since: float | None = Field(description="epoch seconds")
-    energy_j: float | None
-    temperature_c: float | None
-    sm_clock_mhz: float | None
-    read_errors_total: int
-    pci_bus_id: str | None = Field(
-        default=None, description="NVML bus id (00000000:1B:00.0); the kernel log names GPUs by it"
-    )
-
-
-class JobDoc(_Doc):
-    job: str
-    ranks: list[RankDoc]
-    verdict: Verdict
-    kill_worthy: bool = Field(
-        description="True only for a hung verdict resting on positive evidence of a hang (may be killed)"
-    )
-    onset: float | None = Field(description="When the signature began (epoch seconds)")
-    raised: float | None = Field(description="When the verdict was raised (epoch seconds)")
-    evidence: EvidenceDoc = Field(description="What the detector recorded (docs/detector.md, Evidence)")
-    cause: str | None = Field(
-        description="What explains the verdict (data_starvation: storage_wait, cpu_contention, loader; "
-        "stalled/slow: e.g. waiting_on_other_nodes, lease_expired:eval, asymmetric:gpu 3)"
-    )
 
 
 class StatusDoc(_Doc):
