@@ -19,6 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpu_triage.model.health import (
+    Blame,
+    FaultKind,
+    FaultSource,
+    GpuHealth,
+    HardwareFinding,
+    HealthLevel,
+    NodeHealth,
+    OperatorAction,
+    worst,
+)
 from gpu_triage.model.states import Verdict
 from gpu_triage.signals.fleet.facts import NodeJobFacts, RankFacts
 from gpu_triage.signals.fleet.remote import RemoteFacts
@@ -1097,8 +1108,81 @@ def _flaky_hang(w: World) -> None:
     w.set_gpus("flaky:spin")
 
 
+def _finding(
+    gpu: int, kind: FaultKind, level: HealthLevel, *, xid: int | None = None, detail: str
+) -> HardwareFinding:
+    fault = level is HealthLevel.UNHEALTHY
+    return HardwareFinding(
+        kind=kind,
+        level=level,
+        blame=Blame.NODE,
+        action=OperatorAction.DRAIN_NODE if fault else OperatorAction.NONE,
+        detail=detail,
+        source=FaultSource.KERNEL_LOG if xid is not None else FaultSource.NVML_POLL,
+        gpu=gpu,
+        xid=xid,
+    )
+
+
+def _health(w: World, *findings: HardwareFinding) -> None:
+    """The node's health from now on: ``findings`` (per GPU; the worst level wins)."""
+    by_gpu: dict[int, list[HardwareFinding]] = {}
+    for f in findings:
+        by_gpu.setdefault(f.gpu if f.gpu is not None else -1, []).append(f)
+    gpus = tuple(
+        GpuHealth(g, None, worst([f.level for f in fs]), tuple(fs)) for g, fs in sorted(by_gpu.items())
+    )
+    w.health = NodeHealth(level=worst([g.level for g in gpus]), gpus=gpus)
+
+
+XID_79 = _finding(
+    3, FaultKind.XID, HealthLevel.UNHEALTHY, xid=79, detail="Xid 79: GPU has fallen off the bus"
+)
+ECC_BURST = tuple(
+    _finding(g, FaultKind.ECC_CORRECTABLE, HealthLevel.DEGRADED, detail="4096 correctable ECC errors")
+    for g in range(8)
+)
+THROTTLE = tuple(
+    _finding(g, FaultKind.THROTTLE_THERMAL, HealthLevel.DEGRADED, detail="thermal slowdown") for g in range(8)
+)
+PCIE_DROP = _finding(5, FaultKind.PCIE_DEGRADED, HealthLevel.DEGRADED, detail="PCIe Gen5 x8 of x16")
+
+
+def hardware_cases() -> list[Case]:
+    """The node's health beside the job (issue 27): a hang on a faulty GPU is the node's, and
+    confirmed at once; degraded signals never make a kill."""
+    return [
+        Case(
+            "hang-after-xid-79",
+            "hardware",
+            node(),
+            script(BOOT, TRAIN, (390.0, lambda w: _health(w, XID_79)), (400.0, lambda w: hang(w))),
+            800,
+            Expect("hang", kill_worthy_within_s=30.0, alert_within_s=90.0, blame="node"),
+            onset_s=400,
+            describe="an Xid 79 on GPU 3, then every rank blocks in a collective: blame node, no window",
+        ),
+        Case(
+            "healthy-through-degraded-gpus",
+            "hardware",
+            node(),
+            script(
+                BOOT,
+                TRAIN,
+                (200.0, lambda w: _health(w, *ECC_BURST)),
+                (300.0, lambda w: (_health(w, *THROTTLE), w.set(interval_s=25.0), w.set_gpus("spin"))),
+                (600.0, lambda w: (_health(w, PCIE_DROP), train(w, interval_s=12.0))),
+            ),
+            900,
+            Expect("healthy", allowed=frozenset({V.HEALTHY, V.SLOW, V.STALLED})),
+            describe="a correctable ECC burst, a thermal throttle (full utilisation at spin-band power, "
+            "steps 2.5x slower), a PCIe width drop: an alert at most",
+        ),
+    ]
+
+
 def all_cases() -> list[Case]:
-    return healthy_cases() + hang_cases() + stack_cases() + wild_cases() + fleet_cases()
+    return healthy_cases() + hang_cases() + stack_cases() + wild_cases() + fleet_cases() + hardware_cases()
 
 
 __all__ = ["all_cases", "hang_cases", "healthy_cases"]

@@ -33,6 +33,7 @@ from gpu_triage.alerts.model import condition_for
 from gpu_triage.classify.tracker import GpuTracker
 from gpu_triage.contract import ProgressWriter
 from gpu_triage.journal.eventstore import EventStore
+from gpu_triage.model.health import UNKNOWN_HEALTH, NodeHealth
 from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.states import KILL_WORTHY_VERDICTS, Mode, Verdict
 from gpu_triage.signals.fleet.remote import RemoteFacts
@@ -130,6 +131,8 @@ class World:
     remote: Callable[[World, float], RemoteFacts | None] | None = None
     """The other nodes of a multi-node job as Prometheus would answer about them at ``now`` (their
     fleet facts, or a node gone silent); None: no ``[cluster]``."""
+    health: NodeHealth = UNKNOWN_HEALTH
+    """The node's hardware health as the health signal would report it (scripted, like the power)."""
 
     def job(self, name: str) -> list[SimRank]:
         return [r for r in self.ranks if r.job == name]
@@ -158,6 +161,8 @@ class Expect:
     """For a hang this node cannot prove: why (printed in the scorecard)."""
     cause: str | None = None
     """A hang: the cause its first kill-worthy verdict must give (None: any)."""
+    blame: str | None = None
+    """A hang: the blame its first kill-worthy verdict must carry (``node`` after a hardware fault)."""
     ends_in: frozenset[Verdict] | None = None
     """The verdicts the case may end in (None: any): a hang alerted as ``slow`` or not judged at all
     is misnamed even when some alert fired."""
@@ -232,6 +237,8 @@ class Result:
                 out.append(f"kill-worthy with cause {self.first_kill_worthy_cause!r}, wanted {e.cause!r}")
             if e.kill_worthy_within_s is None and k is not None:
                 out.append(f"kill-worthy {k:.0f} s after onset where only an alert was expected")
+            if e.blame is not None and k is not None and self.blame_at_kill_worthy != e.blame:
+                out.append(f"blamed {self.blame_at_kill_worthy}, wanted {e.blame}")
             if e.alert_within_s is not None and (a is None or a > e.alert_within_s):
                 got = "never" if a is None else f"{a:.0f} s"
                 out.append(f"alerted {got} after onset, wanted <= {e.alert_within_s:.0f} s")
@@ -244,6 +251,8 @@ class Result:
         return out
 
     job_pids: frozenset[int] = frozenset()
+    blame_at_kill_worthy: str | None = None
+    """The main job's blame at its first kill-worthy verdict."""
 
 
 def _gpu_sample(world: World, g: int, now: float, tick: int) -> GpuSample:
@@ -357,6 +366,7 @@ def run_case(case: Case) -> Result:
         timeline: dict[str, list[tuple[float, Verdict]]] = {}
         first_kw: float | None = None
         first_cause: str | None = None
+        blame_kw: str | None = None
         first_alert: float | None = None
         plans: list[tuple[float, str, tuple[int, ...]]] = []
         main_job = world.ranks[0].job if world.ranks else ""
@@ -399,13 +409,16 @@ def run_case(case: Case) -> Result:
                     )
                     for g in statuses
                 ]
-                results = detector.update(now, gviews, jobs, telemetry_ok=case.telemetry)
+                results = detector.update(
+                    now, gviews, jobs, telemetry_ok=case.telemetry, node_health=world.health
+                )
                 for j in results:
                     line = timeline.setdefault(j.job, [])
                     if not line or line[-1][1] is not j.verdict:
                         line.append((t, j.verdict))
                     if j.job == main_job and j.kill_worthy and first_kw is None:
                         first_kw, first_cause = t, j.cause
+                        blame_kw = str(j.blame)
                 records = engine.on_cycle(
                     Cycle(
                         now,
@@ -415,6 +428,7 @@ def run_case(case: Case) -> Result:
                         gpus=statuses,
                         silences=silences,
                         progress_dir=progress_dir,
+                        node_health=world.health,
                     )
                 )
                 for rec in records:
@@ -444,6 +458,7 @@ def run_case(case: Case) -> Result:
             healthy_pids=frozenset(pids) if case.expect.truth == "healthy" else frozenset(),
             jobs_seen=timeline,
             job_pids=frozenset(pids),
+            blame_at_kill_worthy=blame_kw,
         )
 
 

@@ -155,6 +155,9 @@ def test_a_deadlocked_sbatch_job_is_cancelled_through_slurm_and_its_neighbour_ke
                 # Only the progress-file path (K1) is under test; and on a shared machine the stack
                 # sampler would attach py-spy to other people's processes the environment scan finds.
                 "stacks.enabled": False,
+                # Nor this machine's kernel log: another test's Xid line there would be a node fault
+                # here, and blame every job (docs/detector.md, "Blame"); the health test reads its own.
+                "health.kernel_log": "off",
             },
             origin="test",
         )

@@ -472,6 +472,58 @@ def run_kmsg(data: bytes, tmp: Path) -> str:
     return "result" if health.level.value != "healthy" or health.xid_totals else "error"
 
 
+def scheduler_seeds() -> list[bytes]:
+    """What the schedulers' side reads (issue 27 part B): a ``/status`` document's node verdict (read
+    by ``slurm-health-check`` and the NPD plugin) and ``scontrol show job -o`` (the requeue check)."""
+    status = {
+        "node": "gpu-a17",
+        "time": 1.0,
+        "gpus": [{"gpu": 3, "state": "unknown", "power_w": None, "state_since": 0.0}],
+        "jobs": [{"job": "slurm-42", "verdict": "telemetry_lost"}],
+        "node_health": {
+            "level": "unhealthy",
+            "gpus": [
+                {
+                    "gpu": 3,
+                    "level": "unhealthy",
+                    "findings": [{"kind": "xid", "level": "unhealthy", "xid": 79}],
+                },
+                {
+                    "gpu": 1,
+                    "level": "degraded",
+                    "findings": [{"kind": "throttle_thermal", "level": "degraded"}],
+                },
+            ],
+            "findings": [{"kind": "fabric", "level": "unhealthy", "xid": None}],
+        },
+    }
+    show_job = (
+        b"JobId=42 JobName=ft UserId=nobody(65534) GroupId=nogroup(65534) Priority=1 Requeue=1 Restarts=2 "
+        b"BatchFlag=1 Reboot=0 ExitCode=0:0 JobState=RUNNING Reason=None NodeList=wdnode"
+    )
+    return [json.dumps(status).encode(), json.dumps({"node": {"level": "healthy"}}).encode(), show_job]
+
+
+def run_scheduler(data: bytes, tmp: Path) -> str:
+    """A /status document through ``slurm-health-check``'s reasons (bounded, one line each), or
+    ``scontrol show job`` text through the requeue check (a bool or None, never a raise)."""
+    from gpu_triage.actions.requeue import requeue_allowed, restarts
+    from gpu_triage.cli.slurm_health import drain_reason, health_reasons, node_reasons, parse_status
+
+    text = data.decode("utf-8", "replace")
+    allowed, count = requeue_allowed(text), restarts(text)
+    assert allowed in (True, False, None) and (count is None or 0 <= count < 10**9)
+    try:
+        doc = parse_status(data)
+    except ValueError:
+        return "error" if allowed is None else "result"
+    reasons = health_reasons(doc, now_s=2.0)
+    node = node_reasons(doc)
+    assert len(node) <= 16 and all(isinstance(r, str) and len(r) < 80 for r in node), node
+    assert len(drain_reason(reasons)) <= 200
+    return "result" if reasons else "error"
+
+
 FORMATS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes, Path], str]]] = {
     "csv": (csv_seeds, run_csv),
     "config": (config_seeds, run_config),
@@ -479,6 +531,7 @@ FORMATS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes, Path], str]
     "prometheus": (prometheus_seeds, run_prometheus),
     "names": (name_seeds, run_names),
     "kmsg": (kmsg_seeds, run_kmsg),
+    "scheduler": (scheduler_seeds, run_scheduler),
 }
 
 

@@ -484,7 +484,7 @@ def test_status_evidence_shows_local_times_and_a_long_cause_keeps_the_verdict_co
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("JOB"))
     # the VERDICT column is as wide as the cut cause, not the 200-character one
-    assert header.index("ONSET") <= len(JOB) + 2 + len("stalled ()") + MAX_CAUSE_CHARS + 2
+    assert header.index("BLAME") <= len(JOB) + 2 + len("stalled ()") + MAX_CAUSE_CHARS + 2  # the next column
     assert any(line.startswith("short ") for line in lines)
     assert f"    cause: {json.dumps(long_cause)[:90]}" in text  # cut in the table, given below
 

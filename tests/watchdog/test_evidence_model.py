@@ -15,7 +15,7 @@ ALWAYS = [
     "gpus", "gpus_inferred", "gpu_states", "spin_band_since", "steps", "phases", "steps_frozen_since",
     "step_interval_s", "first_step", "bytes_written_recently", "bytes_read_recently", "live_leases",
     "expired_leases", "nvlink_frozen_since", "telemetry", "coverage", "signals", "kill_worthy", "findings",
-    "against", "cannot_judge",
+    "against", "cannot_judge", "blame", "hardware",
 ]  # fmt: skip
 
 

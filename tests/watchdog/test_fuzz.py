@@ -26,7 +26,15 @@ INPUTS_PER_FORMAT = 1000
 ADDRESS_SPACE_BYTES = 1 << 30
 """RLIMIT_AS of the fuzzing process: an input that makes a reader allocate without bound fails
 with MemoryError (counted as a traceback) instead of exhausting the machine."""
-PEAK_RSS_MB = {"csv": 256, "config": 96, "progress": 96, "prometheus": 96, "names": 128, "kmsg": 96}
+PEAK_RSS_MB = {
+    "csv": 256,
+    "config": 96,
+    "progress": 96,
+    "prometheus": 96,
+    "names": 128,
+    "kmsg": 96,
+    "scheduler": 96,
+}
 """Peak resident memory a whole run may reach (measured: csv ~150 MB with numpy and pyarrow loaded,
 config and progress ~25 MB)."""
 
@@ -35,7 +43,7 @@ def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
 
 
-@pytest.mark.parametrize("fmt", ["csv", "config", "progress", "prometheus", "names", "kmsg"])
+@pytest.mark.parametrize("fmt", ["csv", "config", "progress", "prometheus", "names", "kmsg", "scheduler"])
 def test_fuzzed_inputs_end_in_clean_errors_or_sane_results(fmt: str) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "tests.watchdog.fuzz_inputs", fmt, str(INPUTS_PER_FORMAT), "20261203"],

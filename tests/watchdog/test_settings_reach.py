@@ -252,7 +252,11 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
         "kill_via": '"signal"',
         "slurm_cancel": '"step"',
         "slurm_bin_dir": '"/opt/slurm/bin"',
+        "drain": "true",
+        "requeue": "true",
     }
+    # the drainer drains the node by its Slurm name (issue 27: a hardware-blamed hang drains this node)
+    out["actions.slurm_node_name"] = ('"gpu-node-17"', [(lambda b: b.engine._drainer.node, "gpu-node-17")])
     for key, value in actions.items():
         want = parse(value)
         want = tuple(want) if isinstance(want, list) else Path(want) if key == "slurm_bin_dir" else want

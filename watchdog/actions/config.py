@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_triage.alerts.config import AlertsConfig
-from gpu_triage.model.config_checks import argv, boolean, choice, enum_value, integer, number, optional_path
+from gpu_triage.model.config_checks import (
+    argv,
+    boolean,
+    choice,
+    enum_value,
+    integer,
+    number,
+    optional_path,
+    optional_text,
+)
 from gpu_triage.model.config_schema import setting
 from gpu_triage.model.states import Mode
 from gpu_triage.signals.nccl_ras.poller import RasConfig
@@ -43,7 +52,21 @@ class ActionsConfig:
         "job", parse=choice("job", "step"), doc="scancel the whole job or the ranks' step"
     )
     slurm_bin_dir: Path | None = setting(
-        None, parse=optional_path, doc="directory of scancel/squeue (default: PATH)"
+        None, parse=optional_path, doc="directory of scancel/squeue/scontrol (default: PATH)"
+    )
+    drain: bool = setting(
+        False,
+        parse=boolean,
+        doc="drain this node through Slurm (scontrol) on a hardware fault: a hang that blames the node, "
+        "or a finding whose action is drain_node (modes alert and kill)",
+    )
+    requeue: bool = setting(
+        False,
+        parse=boolean,
+        doc="a hang that blames the node: scontrol requeue a requeueable Slurm job instead of cancelling it",
+    )
+    slurm_node_name: str | None = setting(
+        None, parse=optional_text, doc="this node's Slurm NodeName for drains (empty: daemon.node)"
     )
 
 

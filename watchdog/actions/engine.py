@@ -56,6 +56,7 @@ from gpu_triage.actions.alert_book import AlertBook
 from gpu_triage.actions.captures import CAPTURE_MIN_INTERVAL_S, CaptureScheduler
 from gpu_triage.actions.config import EngineConfig
 from gpu_triage.actions.delivery import Delivery
+from gpu_triage.actions.drain import NodeDrainer
 from gpu_triage.actions.episode import Episode, HangSignatures
 from gpu_triage.actions.evidence_bundle import EvidenceCapture, find_nvidia_smi
 from gpu_triage.actions.interface import Cycle
@@ -75,6 +76,7 @@ from gpu_triage.model.names import printable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode, Verdict
 from gpu_triage.signals.stacks.sampler import find_py_spy
+from gpu_triage.verdicts.blame import HARDWARE_BLAMES
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,10 @@ class ActionEngine:
             actions=actions, executor=executor, runner=ports.runner, results=self._results, clock=ports.clock
         )
         self._kills = KillCoordinator(actions=actions, runs=runs, kv=kv, node=config.node)
+        # Drains run on the kill worker: one ordered thread, so a drain goes before the job's requeue.
+        self._drainer = NodeDrainer(
+            actions=actions, runner=ports.runner, kv=kv, node=config.node, submit=self._kills.worker.submit
+        )
         self.delivery = Delivery(
             store,
             config.alerts,
@@ -181,12 +187,15 @@ class ActionEngine:
         return self._captures.worker.busy + self._kills.worker.busy
 
     def on_cycle(self, cycle: Cycle) -> list[dict[str, Any]]:
-        """Decide and queue this cycle's actions; return the action records (also stored as events)."""
+        """Decide and queue this cycle's actions; return the action records (also stored as events).
+        ``cycle.node_health`` (the node's hardware health this cycle) drives drains
+        (:mod:`gpu_triage.actions.drain`)."""
         records = Records(self.node)
         if self._closed:
             return records.items
         try:
             self._mode = Mode(cycle.mode)
+            self._drainer.on_cycle(cycle.now, self._mode, cycle.jobs, cycle.node_health, records)
             self._cycle(cycle, records)
         except Exception as e:
             log.exception("action engine cycle failed")
@@ -216,6 +225,7 @@ class ActionEngine:
         self.delivery.close(max(0.1, deadline - time.monotonic()))
         records = Records(self.node)
         self._drain(self.clock(), self._mode, records)
+        self._drainer.collect(self.clock(), records)
         if records:
             self._commit(records.items)
 
@@ -329,15 +339,26 @@ class ActionEngine:
                 ep.sightings = self._signatures.sighting(ep.signature, job.onset, now)
                 ep.repeat = ep.sightings >= 2
                 details |= {"signature": ep.signature, "sightings": ep.sightings}
+            self._hardware_hang(ep, job, now)
         self._alerts.adopt_matching(ep, now, records)
         records.add(now, Action.LADDER, Result.STARTED, job=job.job, verdict=str(job.verdict), **details)
         self._episodes[job.job] = ep
         return ep
 
+    def _hardware_hang(self, ep: Episode, job: JobStatus, now: float) -> None:
+        """A hang blamed on the hardware (node or network) is never counted as the job's: its sighting
+        is withdrawn and the deterministic-hang breaker does not fire for it (docs/actions.md)."""
+        if ep.condition is not Condition.DEADLOCK or ep.hardware or job.blame not in HARDWARE_BLAMES:
+            return
+        ep.hardware, ep.repeat = True, False
+        if ep.signature is not None:
+            self._signatures.withdraw(ep.signature, now)
+
     def _update(self, ep: Episode, job: JobStatus, now: float, gpus: Sequence[GpuStatus]) -> None:
         ep.verdict = job.verdict
         ep.last = job
         ep.gpus = gpus
+        self._hardware_hang(ep, job, now)
         if job.verdict == Verdict.DEADLOCK_CONFIRMED and ep.confirmed_seen is None:
             ep.confirmed_seen = now
 

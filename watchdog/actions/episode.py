@@ -33,6 +33,7 @@ EPISODE_FIELDS = (
     "alert_key",
     "alerted_verdict",
     "kill_started",
+    "hardware",
 )
 
 
@@ -55,6 +56,9 @@ class Episode:
     alert_key: str | None = None
     alerted_verdict: str | None = None
     kill_started: bool = False
+    hardware: bool = False
+    """The hang was blamed on the hardware (node or network): its sighting was withdrawn, so the
+    deterministic-hang breaker never counts it against the job."""
     gpus: Sequence[GpuStatus] = ()
     once: set[str] = field(default_factory=set)
     """Tags of the records written once per episode (refusals, silences)."""
@@ -117,6 +121,11 @@ class KillState:
     """The Slurm job the SIGTERM rung cancelled (the SIGKILL rung then goes through Slurm too)."""
     resumed: bool = False
     """Restored from the store by a restarted daemon (its SIGTERM was sent by the previous one)."""
+    requeue: bool = False
+    """A hang blamed on the node with ``actions.requeue``: the SIGTERM rung requeues a requeueable Slurm
+    job instead of cancelling it (:mod:`gpu_triage.actions.requeue`)."""
+    requeue_refused: str | None = None
+    """Why it was not requeued (the rung cancelled instead)."""
 
 
 class HangSignatures:
@@ -153,6 +162,19 @@ class HangSignatures:
                 del self._entries[key]
         self._kv.set(KV_SIGNATURES, self._entries, now)
         return int(entry["count"])
+
+    def withdraw(self, signature: str, now: float) -> None:
+        """Take back one sighting of ``signature``: that hang was the hardware's, not the job's."""
+        entry = self._entries.get(signature)
+        if entry is None:
+            return
+        count = int(entry.get("count", 1)) - 1
+        if count <= 0:
+            del self._entries[signature]
+        else:
+            entry["count"] = count
+            entry["onset"] = None  # the withdrawn hang's onset no longer names a counted sighting
+        self._kv.set(KV_SIGNATURES, self._entries, now)
 
 
 __all__ = ["EPISODE_FIELDS", "Episode", "HangSignatures", "KillState"]

@@ -2,7 +2,8 @@
 
 ``report.html`` sits in the bundle directory beside what it summarises (the capture writes it last;
 ``gpu-watchdog evidence-report BUNDLE_DIR`` writes it again for any bundle, older ones included). It
-shows the job, verdict and node; the verdict's findings; then **every rank grouped under the place
+shows the job, verdict and node; whom the verdict blames (the job, the node, the network) with the
+hardware findings behind it; the verdict's findings; then **every rank grouped under the place
 where it waits** - the py-spy stacks of the bundle classified as the stack sampler classifies them
 (:func:`gpu_triage.signals.stacks.dumps.classify`: phase, collective or save, the user's call site),
 largest group first, each group's stack printed once; ranks without a readable stack in a group of
@@ -323,6 +324,44 @@ def _items(index: Mapping[str, Any]) -> str:
     )
 
 
+BLAME_WORDS = {
+    "job": "the job (its code or data): the node's GPUs show no fault under this verdict",
+    "node": "this node's hardware: a fault on one of the job's GPUs (or a GPU lost) - drain the node, "
+    "restart the job elsewhere; never a deterministic hang",
+    "network": "the fabric (NVLink, NVSwitch): restart the job elsewhere, check the links",
+    "unknown": "nobody known: a hardware finding nobody catalogued sits under the verdict",
+}
+
+
+def _blame(status: Mapping[str, Any]) -> str:
+    """Whom the verdict blames and the hardware findings behind it (docs/detector.md, "Blame")."""
+    raw_job = status.get("job")
+    job: dict[str, Any] = raw_job if isinstance(raw_job, dict) else {}
+    raw_evidence = job.get("evidence")
+    evidence: dict[str, Any] = raw_evidence if isinstance(raw_evidence, dict) else {}
+    blame = job.get("blame") or evidence.get("blame")
+    if not isinstance(blame, str):
+        return "<p class='sub'>No blame recorded in status.json (an older daemon).</p>"
+    words = BLAME_WORDS.get(blame, "")
+    out = f"<p><b>{_e(blame)}</b>: {_e(words)}</p>"
+    hardware = evidence.get("hardware")
+    rows = []
+    for h in hardware[:64] if isinstance(hardware, list) else ():
+        if not isinstance(h, dict):
+            continue
+        gpu = h.get("gpu")
+        xid = h.get("xid")
+        cells: list[Any] = ["node" if gpu is None else gpu, h.get("kind", ""), "" if xid is None else xid]
+        cells += [h.get("level", ""), h.get("blame", ""), h.get("action", ""), h.get("detail", "")]
+        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    if rows:
+        out += (
+            "<table><tr><th>GPU</th><th>kind</th><th>Xid</th><th>level</th><th>blame</th><th>action</th>"
+            "<th>detail</th></tr>" + "".join(rows) + "</table>"
+        )
+    return out
+
+
 def render_report(index: Mapping[str, Any], groups: Sequence[WaitGroup], status: Mapping[str, Any]) -> str:
     """The page (pure: the bundle's parsed contents in, HTML out)."""
     job = index.get("job", "?")
@@ -348,6 +387,7 @@ def render_report(index: Mapping[str, Any], groups: Sequence[WaitGroup], status:
         f"<div class='sub'>node {_e(index.get('node', '?'))}; captured {_e(_time(index.get('created')))}; "
         f"{'complete' if complete else 'INCOMPLETE (the capture did not finish)'}"
         f"{took}</div>"
+        f"<h2>Whom it blames</h2>{_blame(status)}"
         f"<h2>Where the ranks wait</h2><p>{_e(headline)}</p>{body}"
         f"<h2>Why the watchdog said {_e(verdict)}</h2>{_findings(status)}"
         f"<h2>What the bundle holds</h2>{_items(index)}"

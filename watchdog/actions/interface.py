@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpu_triage.actions.silences import SilenceBook
+from gpu_triage.model.health import UNKNOWN_HEALTH, NodeHealth
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Mode
 from gpu_triage.signals.ranks import RankProcess
@@ -18,8 +19,9 @@ from gpu_triage.signals.ranks import RankProcess
 @dataclass(frozen=True, slots=True)
 class Cycle:
     """What the engine needs to know about one cycle: the time, the mode, each job's status, each job's
-    proven rank processes (by job name), the GPUs, the silences in force and the progress directory
-    (copied into evidence bundles)."""
+    proven rank processes (by job name), the GPUs, the silences in force, the progress directory
+    (copied into evidence bundles) and the node's hardware health this cycle (drains,
+    :mod:`gpu_triage.actions.drain`)."""
 
     now: float
     mode: Mode
@@ -28,6 +30,7 @@ class Cycle:
     gpus: Sequence[GpuStatus] = ()
     silences: SilenceBook = field(default_factory=SilenceBook)
     progress_dir: Path | None = None
+    node_health: NodeHealth = UNKNOWN_HEALTH
 
 
 class Actions(Protocol):

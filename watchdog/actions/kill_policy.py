@@ -26,6 +26,7 @@ from gpu_triage.actions.turn import JobTurn
 from gpu_triage.actions.worker import HookRun, HookSurvivors, KillDone, OrderedWorker, TermDone
 from gpu_triage.alerts.model import rfc3339
 from gpu_triage.model.actions import Action, CaptureState, KillStage, Result
+from gpu_triage.model.health import Blame
 from gpu_triage.model.jsonable import finite_number
 from gpu_triage.model.states import Mode
 
@@ -205,6 +206,7 @@ class KillCoordinator:
         if not a.dry_run:
             self._signalled[job.job] = (now, frozenset(pids))
         k = KillState(job.job, bool(a.kill_hook), a.dry_run, KillStage.TERM_RUNNING, alert_key=ep.alert_key)
+        k.requeue = a.requeue and job.blame is Blame.NODE  # gpu_triage.actions.requeue
         k.counted_at = None if a.dry_run else now
         self._kills[job.job] = k
         values = {"job": job.job, "node": self.node, "pids": ",".join(map(str, pids))}
@@ -271,7 +273,8 @@ class KillCoordinator:
         else:
             k.stage = KillStage.TERM_SENT
             result = Result.DRY_RUN if outcome.dry_run else (Result.OK if outcome.signalled else Result.ERROR)
-        records.add(now, Action.SIGTERM, result, job=job, **outcome.to_dict())
+        action = Action.REQUEUE if outcome.extra.get("requeue") else Action.SIGTERM
+        records.add(now, action, result, job=job, **outcome.to_dict())
         self.persist(now)
         return {"sigterm": list(outcome.signalled), "dry_run": outcome.dry_run, "at": rfc3339(now)}
 

@@ -23,6 +23,7 @@ from gpu_triage.actions.kill_targets import (
     render_hook,
     slurm_job_id,
 )
+from gpu_triage.actions.requeue import requeue
 from gpu_triage.actions.slurm_cancel import SlurmCanceller, cancel_id
 from gpu_triage.actions.worker import HookRun, HookSurvivors, KillDone, TermDone, WorkerResult
 from gpu_triage.model.actions import Result
@@ -114,6 +115,19 @@ class KillRunner:
             if target.slurm_claimed:
                 k.slurm_refused = target.reason
             return None
+        if k.requeue:  # a hang blamed on the node: requeue a requeueable job (gpu_triage.actions.requeue)
+            rq = requeue(
+                self.runner,
+                target,
+                bin_dir=self.actions.slurm_bin_dir,
+                timeout_s=self.actions.capture_timeout_s,
+                dry_run=k.dry_run,
+            )
+            if rq.ok:  # k.slurm stays None: the SIGKILL rung signals survivors, never scancels the job
+                sent = () if k.dry_run else (f"slurm-requeue:{target.identity.job_id}",)
+                extra = {**target.to_dict(), **rq.to_dict()}
+                return KillOutcome("SIGTERM", plan, k.dry_run, sent, (), self.clock(), extra=extra)
+            k.requeue_refused = rq.refused
         cmd = canceller.terminate(target, dry_run=k.dry_run)
         if not cmd.ok and not k.dry_run:
             why = cmd.result.error or cmd.result.stderr.strip()[:500] if cmd.result else "not run"
@@ -124,7 +138,8 @@ class KillRunner:
             return KillOutcome("SIGTERM", KillPlan((), (), {}), k.dry_run, (), (), self.clock(), extra=extra)
         k.slurm = target  # the SIGKILL rung goes through Slurm too
         sent = (f"slurm:{cancel_id(target, canceller.cancel)}",) if cmd.ok else ()
-        return KillOutcome("SIGTERM", plan, k.dry_run, sent, (), self.clock(), extra=cmd.to_dict())
+        refused = {"requeue_refused": k.requeue_refused} if k.requeue_refused else {}
+        return KillOutcome("SIGTERM", plan, k.dry_run, sent, (), self.clock(), extra=cmd.to_dict() | refused)
 
     def _slurm_kill(self, k: KillState) -> KillOutcome:
         """The SIGKILL rung through Slurm: ``scancel --signal=KILL`` only if a process of the SIGTERM

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from gpu_triage.actions.config import ActionsConfig
 from gpu_triage.actions.episode import Episode
 from gpu_triage.alerts.model import Condition, rfc3339
+from gpu_triage.model.health import Blame
 from gpu_triage.model.snapshot import JobStatus
 from gpu_triage.model.states import Mode, Verdict
 
@@ -114,6 +115,9 @@ def next_step_text(ep: Episode, mode: Mode, config: ActionsConfig) -> str:
     how = "run the kill hook" if config.kill_hook else "SIGTERM the job's processes"
     if not config.kill_hook and config.kill_via == "slurm":
         how = "scancel the job through Slurm"
+    requeue = config.requeue and config.kill_via != "signal" and ep.last.blame is Blame.NODE
+    if not config.kill_hook and requeue:
+        how = "requeue the job through Slurm (scontrol requeue; cancel it where Slurm may not requeue it)"
     if config.dry_run:
         how += " (dry run: record only)"
     if ep.confirmed_seen is not None:

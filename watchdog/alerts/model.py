@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpu_triage.model import runbook
+from gpu_triage.model.health import Blame
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.snapshot import GpuStatus, JobStatus
 from gpu_triage.model.states import Verdict
@@ -241,6 +242,20 @@ def frozen_steps(job: JobStatus) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
+def blame_text(job: JobStatus) -> str | None:
+    """``node (GPU 1 Xid 79)`` for a verdict that blames someone other than the job (None: the job)."""
+    if job.blame is Blame.JOB:
+        return None
+    hardware = job.evidence.hardware if job.evidence is not None else ()
+    faults = [h for h in hardware if h.is_fault]
+    if not faults:
+        return str(job.blame)
+    f = faults[0]
+    what = f"Xid {f.xid}" if f.xid is not None else str(f.kind)
+    where = f"GPU {f.gpu}" if f.gpu is not None else "node"
+    return f"{job.blame} ({where} {what})"
+
+
 def hang_signature(job: JobStatus) -> str | None:
     """``job@steps`` - the job and the step(s) at which its steps froze; None without steps."""
     steps = frozen_steps(job)
@@ -328,8 +343,13 @@ def build_alert(
     signals = job.evidence.signals if job.evidence is not None else ()
     stacks_where = job.evidence.stacks_where if job.evidence is not None else None
     anchor = str(condition) if condition is Condition.DETERMINISTIC_HANG else str(job.verdict)
+    blamed = blame_text(job)
+    if blamed is not None and condition is Condition.DEADLOCK:
+        anchor = f"blame_{job.blame}"  # the runbook entry for whom it blames (operator guide)
     runbook = runbook_url(runbook_base, anchor)
     summary = _summary(condition, job, node, job_gpu_ids, since, now, burned)
+    if blamed is not None:
+        summary = f"{summary} - blame {blamed}"
     acts = dict(actions or {})
     lines = [
         summary,
@@ -342,6 +362,7 @@ def build_alert(
         f"GPUs: {gpu_ranges(job_gpu_ids) or 'none mapped'}",
         f"GPU-hours burned since onset: {burned:g}",
         f"signals: {', '.join(signals) or 'none'}",
+        f"blame: {blamed or job.blame}",
         *([f"stacks: {stacks_where}"] if stacks_where else []),
         f"runbook: {runbook}",
         f"evidence bundle: {bundle or 'not captured'}",

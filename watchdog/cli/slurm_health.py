@@ -15,6 +15,10 @@ Reasons, from the daemon's ``GET /status`` (:func:`health_reasons`, pure):
 - a **wedged or lost GPU**: a GPU whose state is ``unknown`` with no power reading for
   ``--unknown-after`` seconds (the daemon's NVML reads time out or fail: a wedged GPU, ``GpuIsLost``);
 - a job whose verdict is ``telemetry_lost`` (the daemon cannot see the GPUs of a running job);
+- an **unhealthy node verdict**: the daemon's node health (``/status``'s ``node_health``, or an object
+  under ``node``; anything else is unknown and drains nothing) is ``unhealthy`` - each unhealthy GPU is
+  named with its faults, ``GPU 3 Xid 79``, as the daemon's own drain names them (:func:`node_reasons`);
+  ``degraded`` (a throttle, a correctable ECC burst, a PCIe width drop) drains nothing;
 - a **stale daemon**: its last cycle is older than ``--stale-after`` seconds (its loop is stuck);
 - a **dead daemon** (``/status`` unreachable) is its own reason: a node whose watchdog is down runs
   jobs nobody watches. ``--on-unreachable ignore`` reports it without draining (exit 2).
@@ -84,7 +88,59 @@ def health_reasons(
     for job in status.get("jobs") or ():
         if isinstance(job, Mapping) and job.get("verdict") == "telemetry_lost":
             reasons.append(f"job {job.get('job')} telemetry_lost")
+    reasons.extend(node_reasons(status))
     return reasons
+
+
+NODE_LEVELS = ("healthy", "degraded", "unhealthy")
+MAX_NODE_REASONS = 16
+
+
+def node_verdict(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The daemon's node verdict in ``/status`` (``node_health``, else an object under ``node``), or
+    None when it reports none (an older daemon: ``node`` is its name) - unknown, never a reason."""
+    for key in ("node_health", "node"):
+        doc = status.get(key)
+        if isinstance(doc, Mapping) and doc.get("level") in NODE_LEVELS:
+            return doc
+    return None
+
+
+def _fault_name(f: Mapping[str, Any]) -> str:
+    xid = f.get("xid")
+    if isinstance(xid, int) and not isinstance(xid, bool):
+        return f"Xid {xid}"
+    kind = f.get("kind")
+    return "".join(c for c in str(kind)[:40] if c.isalnum() or c in "_-") or "fault"
+
+
+def node_reasons(status: Mapping[str, Any]) -> list[str]:
+    """``GPU 3 Xid 79``, ... for an unhealthy node verdict (empty otherwise). Pure, bounded."""
+    node = node_verdict(status)
+    if node is None or node.get("level") != "unhealthy":
+        return []
+    out: list[str] = []
+    gpus = node.get("gpus")
+    for g in gpus if isinstance(gpus, list) else ():
+        if not isinstance(g, Mapping) or g.get("level") != "unhealthy":
+            continue
+        index = g.get("gpu")
+        where = f"GPU {index}" if isinstance(index, int) and not isinstance(index, bool) else "GPU ?"
+        findings = g.get("findings")
+        faults = [
+            f"{where} {_fault_name(f)}"
+            for f in (findings if isinstance(findings, list) else ())
+            if isinstance(f, Mapping) and f.get("level") == "unhealthy"
+        ]
+        out.extend(faults or [f"{where} unhealthy"])
+    wide = node.get("findings")
+    out.extend(
+        f"node {_fault_name(f)}"
+        for f in (wide if isinstance(wide, list) else ())
+        if isinstance(f, Mapping) and f.get("level") == "unhealthy"
+    )
+    out = list(dict.fromkeys(out))[:MAX_NODE_REASONS]
+    return out or ["node unhealthy"]
 
 
 def drain_reason(reasons: Sequence[str]) -> str:
@@ -108,7 +164,16 @@ def fetch_status(url: str, timeout_s: float, path: str = "/status") -> dict[str,
         body = response.read(MAX_STATUS_BYTES + 1)
     if len(body) > MAX_STATUS_BYTES:
         raise ValueError(f"{path} is larger than {MAX_STATUS_BYTES} bytes")
-    document = json.loads(body)
+    return parse_status(body, path)
+
+
+def parse_status(body: bytes, path: str = "/status") -> dict[str, Any]:
+    """A JSON object from ``body``; ValueError for anything else (nesting too deep included: a hostile
+    answer never crashes the check)."""
+    try:
+        document = json.loads(body)
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply") from None
     if not isinstance(document, dict):
         raise ValueError(f"{path} is not a JSON object")
     return document
@@ -266,6 +331,9 @@ __all__ = [
     "fetch_status",
     "health_reasons",
     "node_name",
+    "node_reasons",
+    "node_verdict",
+    "parse_status",
     "probe",
     "run",
 ]

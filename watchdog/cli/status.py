@@ -146,6 +146,28 @@ def _verdict_cell(job: dict[str, Any]) -> str:
     return f"{job['verdict']} ({cause})"
 
 
+def _blame(job: dict[str, Any]) -> str:
+    """Whom the verdict blames (``job``, ``node``, ``network``, ``unknown``), with the first hardware
+    fault behind a hardware blame: ``node (GPU 3 Xid 79)``; ``-`` from a daemon that says none."""
+    raw = job.get("evidence")
+    evidence: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    blame = job.get("blame") or evidence.get("blame")
+    if not isinstance(blame, str):
+        return "-"
+    hardware = evidence.get("hardware")
+    faults = (
+        [h for h in hardware if isinstance(h, dict) and h.get("level") == "unhealthy"]
+        if isinstance(hardware, list)
+        else []
+    )
+    if blame in ("node", "network") and faults:
+        f = faults[0]
+        what = f"Xid {f['xid']}" if isinstance(f.get("xid"), int) else str(f.get("kind"))
+        where = f"GPU {f['gpu']}" if isinstance(f.get("gpu"), int) else "node"
+        return f"{blame} ({where} {what})"[:40]
+    return blame[:20]
+
+
 def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str:
     """The human view of one ``/status`` document (times in local time, or ``tz``)."""
     now = status.get("time")
@@ -189,6 +211,7 @@ def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str
         [
             job["job"],
             _verdict_cell(job),
+            _blame(job),
             _since(job.get("onset"), now, tz),
             _since(job.get("raised"), now, tz),
             str(len(job.get("ranks", []))),
@@ -197,7 +220,7 @@ def render(status: dict[str, Any], url: str, *, tz: tzinfo | None = None) -> str
         ]
         for job in status["jobs"]
     ]
-    lines.append(table(["JOB", "VERDICT", "ONSET", "RAISED", "RANKS", "STEPS", "LAGGING"], job_rows))
+    lines.append(table(["JOB", "VERDICT", "BLAME", "ONSET", "RAISED", "RANKS", "STEPS", "LAGGING"], job_rows))
     for job in status["jobs"]:
         evidence = dict(job.get("evidence") or {})
         cause = job.get("cause")

@@ -397,6 +397,7 @@ class Daemon:
                         gpus=statuses,
                         silences=self.control.silences,
                         progress_dir=cfg.progress.dir,
+                        node_health=self.node_health,
                     )
                 )
                 self.health.actions_ran(None)
@@ -488,7 +489,11 @@ class Daemon:
             verdicts=self.recorder.verdicts,
             signalled=self.actions.signalled_pids if self.actions is not None else None,
         )
-        results = tuple(self.detector.update(now, gviews, jobs, telemetry_ok=self.source.name != "none"))
+        results = tuple(
+            self.detector.update(
+                now, gviews, jobs, telemetry_ok=self.source.name != "none", node_health=self.node_health
+            )
+        )
         self.recorder.persist_episode_state(now, self.observer.progress.tracker, self.detector)
         self.observer.export_facts(now, jobs, results, statuses, self.detector.config)
         self.recorder.verdict_changes(results, now)

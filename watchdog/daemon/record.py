@@ -129,6 +129,7 @@ class Recorder:
                 "cause": j.cause,
                 "signals": signals,
                 "ranks": ranks,
+                "blame": str(j.blame),
             },
             now,
             job=j.job,
@@ -142,6 +143,7 @@ class Recorder:
             ranks=list(ranks),
             onset=j.onset,
             kill_worthy=j.kill_worthy,
+            blame=str(j.blame),
         )
 
     # -- the clock timeline ---------------------------------------------------------------------------

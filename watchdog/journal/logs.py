@@ -321,12 +321,15 @@ class EventLog:
         ranks: Sequence[int] = (),
         onset: float | None = None,
         kill_worthy: bool | None = None,
+        blame: str | None = None,
     ) -> bool:
         fields: dict[str, Any] = {"cause": cause, "signals": list(signals), "ranks": list(ranks)}
         if onset is not None:
             fields["onset"] = _iso(onset)
         if kill_worthy is not None:
             fields["kill_worthy"] = kill_worthy
+        if blame is not None and blame != "job":  # whom a hang blames, where it is not the job
+            fields["blame"] = blame
         summary = f"{old or 'new'} -> {new or 'gone'}"
         level = logging.WARNING if new and new.startswith("deadlock") else logging.INFO
         return self.emit(LogLine(EventKind.VERDICT, job, summary, fields, level))

@@ -1,6 +1,7 @@
 """A job's incident as one picture: per-rank steps (and per-GPU power where there is telemetry) over
-time, the verdict as coloured bands, and the daemon's actions as marks - evidence, alert, SIGTERM,
-SIGKILL, resolve.
+time, the verdict as coloured bands (hatched and labelled where it blames the node, the network or
+nobody known rather than the job), and the daemon's actions as marks - evidence, alert, SIGTERM,
+SIGKILL, resolve, node drained, requeued.
 
 Inputs are what any client of the daemon can read: ``/status`` documents polled over time (steps and
 power are not events) and ``/events`` (verdict changes and actions). :func:`build_timeline` is pure
@@ -45,6 +46,8 @@ MARKS: tuple[tuple[str, str | None, str | None, str, str], ...] = (
     ("action", "sigterm", "started", "sigterm", "SIGTERM"),
     ("action", "sigkill", "ok", "sigkill", "SIGKILL"),
     ("action", "resolve", "queued", "resolve", "resolved"),
+    ("action", "drain", "started", "drain", "node drained"),
+    ("action", "requeue", "ok", "requeue", "requeued"),
 )
 MARK_COLOURS = {
     "onset": "#555555",
@@ -55,7 +58,11 @@ MARK_COLOURS = {
     "sigkill": "#4a0000",
     "resolve": "#2e7d32",
     "job_gone": "#555555",
+    "drain": "#6d4c41",
+    "requeue": "#00838f",
 }
+#: Blame -> the hatch over its verdict band (the job's own blame: none).
+BLAME_HATCHES = {"node": "//", "network": "xx", "unknown": ".."}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,8 @@ class VerdictSpan:
     verdict: str
     start_s: float
     end_s: float
+    blame: str = "job"
+    """Whom the verdict blamed (the verdict event's ``blame``; ``job`` from an older daemon)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +91,7 @@ class Mark:
     time_s: float
     kind: str
     """``onset``, ``evidence``, ``alert``, ``alert_delivered``, ``sigterm``, ``sigkill``, ``resolve``,
-    ``job_gone`` (no rank left)."""
+    ``job_gone`` (no rank left), ``drain`` (the node drained for this job's hang), ``requeue``."""
     label: str
 
 
@@ -157,15 +166,16 @@ def build_timeline(
     end = end_s if end_s is not None else (max(times) if times else start)
     spans: list[VerdictSpan] = []
     marks: list[Mark] = []
-    current: tuple[str, float] | None = None
+    current: tuple[str, float, str] | None = None
     seen: set[str] = set()
     for e in mine:
         t, kind, p = float(e["time"]), e.get("kind"), _payload(e)
         if kind == "verdict":
             if current is not None and t > current[1]:
-                spans.append(VerdictSpan(current[0], current[1], t))
+                spans.append(VerdictSpan(current[0], current[1], t, current[2]))
             to = p.get("to")
-            current = (str(to), t) if to is not None else None
+            blame = p.get("blame") if p.get("blame") in ("job", "node", "network", "unknown") else "job"
+            current = (str(to), t, str(blame)) if to is not None else None
             if to is None and p.get("event") == "job_gone" and "job_gone" not in seen:
                 seen.add("job_gone")
                 marks.append(Mark(t, "job_gone", "job gone"))
@@ -187,7 +197,7 @@ def build_timeline(
                 seen.add(mark_kind)
                 marks.append(Mark(t, mark_kind, label))
     if current is not None and end > current[1]:
-        spans.append(VerdictSpan(current[0], current[1], end))
+        spans.append(VerdictSpan(current[0], current[1], end, current[2]))
     marks.sort(key=lambda m: m.time_s)
     start = min([start, *(m.time_s for m in marks)]) if marks else start
     return Timeline(job, pts, tuple(spans), tuple(marks), start, max(end, start))
@@ -261,15 +271,46 @@ def timeline_figure(tl: Timeline, *, title: str | None = None) -> Figure:
             lw=0,
             gid=f"verdict:{s.verdict}",
         )
+        if s.blame != "job":  # hatched, and said in words: the hardware, not the job
+            band.axvspan(
+                rel(s.start_s),
+                rel(s.end_s),
+                facecolor="none",
+                edgecolor="white",
+                hatch=BLAME_HATCHES.get(s.blame, ".."),
+                lw=0,
+                gid=f"blame:{s.blame}",
+            )
+            band.text(
+                (rel(s.start_s) + rel(s.end_s)) / 2,
+                0.5,
+                f"blame {s.blame}",
+                transform=band.get_xaxis_transform(),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white",
+                gid=f"blame_label:{s.blame}",
+            )
     band.set_yticks([])
     band.set_ylabel("verdict", rotation=0, ha="right", va="center")
     shown = list(dict.fromkeys(s.verdict for s in tl.spans))
+    blamed = list(dict.fromkeys(s.blame for s in tl.spans if s.blame != "job"))
     if shown:
         band.legend(
-            handles=[Patch(color=VERDICT_COLOURS.get(v, OTHER_COLOUR), label=v) for v in shown],
+            handles=[Patch(color=VERDICT_COLOURS.get(v, OTHER_COLOUR), label=v) for v in shown]
+            + [
+                Patch(
+                    facecolor="#777777",
+                    hatch=BLAME_HATCHES.get(b, ".."),
+                    edgecolor="white",
+                    label=f"blame {b}",
+                )
+                for b in blamed
+            ],
             loc="upper center",
             bbox_to_anchor=(0.5, -0.6),
-            ncol=len(shown),
+            ncol=len(shown) + len(blamed),
             fontsize=8,
             frameon=False,
         )

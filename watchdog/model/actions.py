@@ -24,6 +24,10 @@ class Action(StrEnum):
     KILL_HOOK = "kill_hook"
     LADDER = "ladder"
     ENGINE = "engine"
+    DRAIN = "drain"
+    """Drain this node in Slurm (a hardware fault; ``actions.drain``)."""
+    REQUEUE = "requeue"
+    """Requeue a node-blamed hung Slurm job instead of cancelling it (``actions.requeue``)."""
 
 
 class Result(StrEnum):

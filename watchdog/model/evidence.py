@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gpu_triage.model.findings import Finding, Stance
+from gpu_triage.model.health import Blame, HardwareFinding, finding_dict
 from gpu_triage.model.jsonable import jsonable
 from gpu_triage.model.states import GpuState
 
@@ -118,6 +119,9 @@ class JobEvidence:
     """Where each sampled rank's latest stack is (one of the stack phases; metrics; in ``stacks``)."""
     fleet: Reported | None = None
     """What the other nodes' facts said (:class:`gpu_triage.signals.fleet.fusion.FleetEvidence`)."""
+    hardware: tuple[HardwareFinding, ...] = ()
+    """The node's hardware findings on the job's GPUs (and node-wide ones) this cycle: the facts behind
+    the status's ``blame`` (JSON ``hardware``; unhealthy ones first)."""
 
 
 def evidence_dict(
@@ -127,6 +131,7 @@ def evidence_dict(
     kill_worthy: bool = False,
     cause: str | None = None,
     detector_error: str | None = None,
+    blame: Blame = Blame.JOB,
 ) -> dict[str, Any]:
     """The JSON form of a job's evidence (the one place its keys are written; JSON-safe values).
 
@@ -160,6 +165,8 @@ def evidence_dict(
         "findings": [x.to_dict() for x in findings],
         "against": sorted({str(x.signal) for x in findings if x.stance is Stance.PROGRESS}),
         "cannot_judge": [c.to_dict() for c in e.cannot_judge],
+        "blame": str(blame),
+        "hardware": [finding_dict(h) for h in e.hardware],
     }
     if e.gpus_unknown:
         out["gpus_unknown"] = True

@@ -53,6 +53,11 @@ class Signal(StrEnum):
     NODE_LOST = "node_lost"
     """A node of the job silent (its daemon's target down or its facts stale) past ``[cluster]
     node_lost_after_s`` while every rank here is frozen in a collective: the node is named."""
+    HARDWARE_FAULT = "hardware_fault"
+    """An unhealthy hardware finding (Xid, uncorrectable ECC, row-remap failure...) on a job GPU: the
+    hang is the node's, confirmed without the usual window (``model.health``, docs/detector.md "Blame")."""
+    GPU_LOST = "gpu_lost"
+    """A job GPU is lost (NVML ``GPU_IS_LOST``, fallen off the bus) while the job's steps are frozen."""
     # progress (against a hang)
     STEPS_ADVANCING = "steps_advancing"
     GPUS_WORKING = "gpus_working"
@@ -66,6 +71,9 @@ class Signal(StrEnum):
     STACK_IN_EVAL = "stack_in_eval"
     REMOTE_VETO = "remote_veto"
     """Another node's fresh fact explains the wait (a save or eval there, its ranks writing)."""
+    GPU_THROTTLED = "gpu_throttled"
+    """A job GPU is throttled (thermal, hardware slowdown, power brake): its low power is the throttle,
+    not a wait, so the spin band proves nothing (a degraded signal never makes a kill)."""
     # context
     NO_WRITES = "no_writes"
     NO_PROGRESS_FILES = "no_progress_files"
@@ -79,6 +87,8 @@ class Signal(StrEnum):
     REMOTE_UNKNOWN = "remote_unknown"
     """Other nodes' facts missing, stale or unanswered: this node's own judgment only."""
     """Stack sampling unavailable (py-spy missing, ptrace denied, disabled) or ranks not sampled."""
+    HARDWARE_DEGRADED = "hardware_degraded"
+    """A degraded hardware finding on a job GPU (correctable ECC, PCIe width drop...): context only."""
 
 
 @dataclass(frozen=True, slots=True)

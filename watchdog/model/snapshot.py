@@ -82,9 +82,10 @@ class JobStatus:
     """Every signal's statement this cycle (stored here only; the evidence's JSON lists them)."""
     detector_error: str | None = None
     """Why the detector could not judge the job this cycle (its verdict is the last one kept)."""
-    blame: Blame | None = None
-    """Whom the verdict blames (:class:`~gpu_triage.model.health.Blame`): ``node`` for a node of the
-    job lost (cause ``node <name> lost``); None where nothing says."""
+    blame: Blame = Blame.JOB
+    """Whom the verdict blames (docs/detector.md "Blame"): ``node`` when a hardware fault sits on one of
+    the job's GPUs (or a node of the job is lost), ``network`` for a fabric fault, ``unknown`` for an
+    Xid nobody catalogued, else ``job``. The findings behind it are ``evidence.hardware``."""
 
     def evidence_dict(self) -> dict[str, Any]:
         """The evidence as JSON (REST ``/status``, alerts, logs, the event store): keys in
@@ -95,6 +96,7 @@ class JobStatus:
             kill_worthy=self.kill_worthy,
             cause=self.cause,
             detector_error=self.detector_error,
+            blame=self.blame,
         )
 
 

@@ -91,7 +91,7 @@ GPU_FIELDS = (
     "read_errors_total",
     "pci_bus_id",
 )
-JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause")
+JOB_FIELDS = ("job", "verdict", "kill_worthy", "onset", "raised", "cause", "blame")
 RANK_FIELDS = ("rank", "pid", "gpu", "step", "step_since", "phase", "lease_until", "alive", "process_status")
 
 

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_triage.model.findings import Signal, Stance
+from gpu_triage.model.health import Blame, FaultKind, FaultSource, HealthLevel, OperatorAction
 from gpu_triage.model.states import GpuState
 
 
@@ -29,6 +30,23 @@ class FindingDoc(_Doc):
     since: float | None = Field(default=None, description="since when it has held (epoch seconds)")
     ranks: list[int] | None = Field(default=None, description="the ranks it is about")
     gpus: list[int] | None = Field(default=None, description="the GPUs it is about")
+
+
+class HardwareFindingDoc(_Doc):
+    """One hardware finding on a job GPU or node-wide (docs/detector.md, "Blame")."""
+
+    kind: FaultKind
+    level: HealthLevel
+    blame: Blame = Field(description="whom this finding blames")
+    action: OperatorAction = Field(description="the operator's action for it (the Xid catalog's)")
+    detail: str
+    source: FaultSource
+    gpu: int | None = Field(description="the GPU index (null: node-wide)")
+    pci_bus_id: str | None = Field(description="the GPU's PCI bus id, when known")
+    xid: int | None = Field(description="the Xid code, for kind xid")
+    count: int = Field(description="how often it was seen")
+    first_seen: float = Field(description="first sighting (the daemon's monotonic timeline, seconds)")
+    last_seen: float = Field(description="last sighting (the daemon's monotonic timeline, seconds)")
 
 
 class CannotJudgeDoc(_Doc):
@@ -190,6 +208,14 @@ class EvidenceDoc(_Doc):
         default=None, description="optional: why a hang-shaped verdict is not kill-worthy"
     )
     cause: str | None = Field(default=None, description="optional: the job status's cause")
+    blame: Blame | None = Field(
+        default=None,
+        description="whom the verdict blames: job, node, network or unknown (the status's blame)",
+    )
+    hardware: list[HardwareFindingDoc] | None = Field(
+        default=None,
+        description="the hardware findings on the job's GPUs and node-wide: the facts behind blame",
+    )
     untrusted_progress_files: list[dict[str, object]] | None = Field(
         default=None, description="optional: the job's progress files not believed this cycle"
     )

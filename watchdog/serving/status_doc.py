@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_triage.actions.silences import MAX_COMMENT_CHARS, MAX_SILENCE_S
+from gpu_triage.model.health import Blame
 from gpu_triage.model.states import GpuState, Mode, Verdict
 from gpu_triage.serving.evidence_doc import EvidenceDoc
 from gpu_triage.serving.health_doc import NodeHealthDoc
@@ -76,6 +77,10 @@ class JobDoc(_Doc):
     cause: str | None = Field(
         description="What explains the verdict (data_starvation: storage_wait, cpu_contention, loader; "
         "stalled/slow: e.g. waiting_on_other_nodes, lease_expired:eval, asymmetric:gpu 3)"
+    )
+    blame: Blame = Field(
+        description="Whom the verdict blames: job, node (a hardware fault on a job GPU, a node of the job "
+        "lost), network (a fabric fault) or unknown (docs/detector.md, Blame)"
     )
 
 

@@ -58,16 +58,18 @@ rules K1-K6 :mod:`~gpu_triage.verdicts.hang_rules`, the verdicts without proof (
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from gpu_triage.model.health import Blame
+from gpu_triage.model.findings import Signal
+from gpu_triage.model.health import UNKNOWN_HEALTH, NodeHealth
 from gpu_triage.model.snapshot import JobStatus, RankStatus
-from gpu_triage.model.states import GpuState, Verdict
-from gpu_triage.signals.fleet.fusion import FleetState
+from gpu_triage.model.states import DEADLOCK_VERDICTS, GpuState, Verdict
+from gpu_triage.verdicts import blame
 from gpu_triage.verdicts.budgets import fast_budget_s
 from gpu_triage.verdicts.decision import decide
-from gpu_triage.verdicts.facts import Decision, JobFacts, job_facts
+from gpu_triage.verdicts.facts import job_facts
 from gpu_triage.verdicts.job_evidence import job_evidence, job_findings
 from gpu_triage.verdicts.memory import JobMemory, export_jobs, learn, restore_jobs
 from gpu_triage.verdicts.settings import DetectorConfig
@@ -103,9 +105,15 @@ class Detector:
         return restore_jobs(saved, self.config.timing(), self._jobs)
 
     def update(
-        self, now: float, gpus: Sequence[GpuView], jobs: Sequence[JobView], telemetry_ok: bool = True
+        self,
+        now: float,
+        gpus: Sequence[GpuView],
+        jobs: Sequence[JobView],
+        telemetry_ok: bool = True,
+        node_health: NodeHealth = UNKNOWN_HEALTH,
     ) -> list[JobStatus]:
-        """One cycle. ``telemetry_ok`` is False when the source reports no GPUs at all (``none``)."""
+        """One cycle. ``telemetry_ok`` is False when the source reports no GPUs at all (``none``);
+        ``node_health``: the node's hardware health this cycle (:mod:`gpu_triage.verdicts.blame`)."""
         by_gpu = {g.gpu: g for g in gpus}
         for g in gpus:
             if g.state is GpuState.UNKNOWN:
@@ -121,7 +129,7 @@ class Detector:
         self.job_errors = {}
         for job in jobs:
             try:
-                out.append(self._job(now, job, by_gpu, telemetry_ok, inferred))
+                out.append(self._job(now, job, by_gpu, telemetry_ok, inferred, node_health))
             except Exception as e:  # one job's failure stays in that job (reported, never a kill)
                 out.append(self._failed_job(now, job, e))
         for gone in set(self._jobs) - {j.job for j in jobs}:
@@ -157,6 +165,7 @@ class Detector:
         by_gpu: dict[int, GpuView],
         telemetry_ok: bool,
         inferred: tuple[GpuView, ...],
+        node_health: NodeHealth = UNKNOWN_HEALTH,
     ) -> JobStatus:
         cfg = self.config
         mem = self._jobs.get(job.job)
@@ -165,6 +174,10 @@ class Detector:
         mem.timing.config = cfg.timing()
         learn(now, job, mem, cfg.write_window_s)
         facts = job_facts(now, job, mem, by_gpu, telemetry_ok, inferred, self._gpu_unknown_since, cfg)
+        hw = blame.judge(
+            {r.gpu for r in job.ranks if r.gpu is not None} | {g.gpu for g in facts.job_gpus}, node_health
+        )
+        facts = blame.without_spin(facts, hw)
         frozen_after_s = min(fast_budget_s(cfg, facts, mem.timing, remote=facts.unseen > 0), 60.0)
         findings = job_findings(now, job, facts, frozen_after_s=frozen_after_s, stacks=cfg.stacks)
         if not blind_reasons(job, facts):
@@ -172,9 +185,18 @@ class Detector:
         elif mem.blind_since is None:
             mem.blind_since = now
         decision = decide(now, job, mem, facts, cfg, self._gpu_unknown_since)
+        escalated = blame.escalate(decision, hw, facts, frozen_after_s=frozen_after_s)
+        if escalated is not decision:
+            if mem.verdict in DEADLOCK_VERDICTS and mem.onset is not None:
+                escalated = dataclasses.replace(escalated, onset=mem.onset)
+            mem.hang_since = mem.hang_since if mem.hang_since is not None else now
+            decision = escalated
+        findings.extend(
+            blame.findings(hw, lost_proves=any(s.startswith(Signal.GPU_LOST) for s in decision.signals))
+        )
         if decision.verdict is not mem.verdict:
             mem.verdict, mem.onset, mem.raised = decision.verdict, decision.onset, now
-        evidence = job_evidence(job, facts, decision)
+        evidence = dataclasses.replace(job_evidence(job, facts, decision), hardware=hw.findings)
         ranks = _rank_statuses(job)
         return JobStatus(
             job=job.job,
@@ -186,19 +208,11 @@ class Detector:
             cause=decision.cause,
             kill_worthy=decision.kill_worthy,
             findings=tuple(findings),
-            blame=_blame(facts, decision),
+            blame=blame.blame_for(mem.verdict, hw, decision.cause),
         )
 
 
 __all__ = ["Detector"]
-
-
-def _blame(facts: JobFacts, decision: Decision) -> Blame | None:
-    """A node of the job lost (K7) blames that node: drain it, the job's code is not at fault."""
-    fl = facts.fleet
-    if decision.kill_worthy and fl is not None and fl.state is FleetState.NODE_LOST:
-        return Blame.NODE
-    return None
 
 
 def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:
