@@ -34,7 +34,7 @@ The rule (docs/cluster.md, "The rule"):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -212,15 +212,7 @@ def fuse(
         return _silent(now, missing, silent, fresh, cfg, common)
     stacks = _stacks(now, own_node, world_size, local_ranks, local_stacks, fresh, cfg)
     k2 = _steps(fresh)
-    state = FleetState.COMPLETE if stacks.get("complete") or k2[0] is not None else FleetState.INCOMPLETE
-    reason = str(stacks.get("reason") or "")
-    if state is FleetState.COMPLETE:
-        how = "steps frozen, GPUs spinning"
-        if stacks.get("split"):
-            how = "split between a save's or an eval's collective and a training step"
-        elif stacks.get("complete"):
-            how = "frozen in collectives"
-        reason = f"every rank of the world reported: {how}"
+    state, reason = _world_state(stacks, k2, "")
     return FleetEvidence(
         state,
         reason,
@@ -421,15 +413,7 @@ def _fuse_summary(
             stacks = {
                 "reason": "ranks inside a save or an eval, but not the others all frozen in a training step"
             }
-    state = FleetState.COMPLETE if stacks.get("complete") or k2[0] is not None else FleetState.INCOMPLETE
-    reason = str(stacks.get("reason") or "")
-    if state is FleetState.COMPLETE:
-        how = "steps frozen, GPUs spinning"
-        if stacks.get("split"):
-            how = "split between a save's or an eval's collective and a training step"
-        elif stacks.get("complete"):
-            how = "frozen in collectives"
-        reason = f"every rank of the world reported (recording rules, {sm.nodes} nodes): {how}"
+    state, reason = _world_state(stacks, k2, f" (recording rules, {sm.nodes} nodes)")
     return FleetEvidence(
         state,
         reason,
@@ -510,6 +494,22 @@ def _stacks(
         return {"reason": "ranks inside a save or an eval, but not the others all frozen in a training step"}
     odd = step if len(step) < len(phase) else phase
     return {**done, "odd": odd, "split": True, "split_ranks": phase, "step_ranks": step}
+
+
+def _world_state(
+    stacks: Mapping[str, Any], k2: tuple[float | None, float | None], source: str
+) -> tuple[FleetState, str]:
+    """Whether the whole world's facts complete a hang rule (the stacks' K6, or K2's frozen steps), and
+    why: the same words from the raw facts and from the recording rules' aggregates (``source``)."""
+    state = FleetState.COMPLETE if stacks.get("complete") or k2[0] is not None else FleetState.INCOMPLETE
+    if state is not FleetState.COMPLETE:
+        return state, str(stacks.get("reason") or "")
+    how = "steps frozen, GPUs spinning"
+    if stacks.get("split"):
+        how = "split between a save's or an eval's collective and a training step"
+    elif stacks.get("complete"):
+        how = "frozen in collectives"
+    return state, f"every rank of the world reported{source}: {how}"
 
 
 def _steps(fresh: Sequence[NodeJobFacts]) -> tuple[float | None, float | None]:
