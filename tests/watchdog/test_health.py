@@ -390,6 +390,24 @@ def test_repeated_xids_count_up_and_expire_after_the_hold() -> None:
     assert later.xid_totals[0].count == 3  # the counter never expires
 
 
+def test_the_verdict_is_made_again_only_when_what_it_reads_changed_or_a_hold_ends() -> None:
+    # the daemon asks 10 times a second; between changes it gets the same verdict, not a rebuilt one
+    book = HealthBook(GPUS, BookSettings(event_hold_s=60.0))
+    book.add_event(HardwareEvent(FaultKind.XID, FaultSource.KERNEL_LOG, 1.0, gpu=1, xid=79))
+    first = book.node_health(2.0)
+    assert book.node_health(30.0) is first and book.node_health(61.0) is first
+    assert book.node_health(61.5) is not first  # the finding's hold ended: it is gone
+    assert book.node_health(61.5).gpu(1).level is HealthLevel.HEALTHY
+    book.add_event(HardwareEvent(FaultKind.XID, FaultSource.KERNEL_LOG, 70.0, gpu=2, xid=79))
+    assert book.node_health(70.0).gpu(2).level is HealthLevel.UNHEALTHY
+    assert book.node_health(71.0, ("kernel log: gone",)).read_errors == ("kernel log: gone",)
+    assert book.node_health(71.0).read_errors == ()
+    book.add_readings([reading(0, ecc_volatile_corrected=0, ecc_volatile_uncorrected=0)], 72.0)
+    assert book.node_health(72.0).gpu(2).level is HealthLevel.UNHEALTHY
+    book.settings = BookSettings(event_hold_s=5.0)  # a reload shortens the hold: it applies at once
+    assert book.node_health(76.0).gpu(2).level is HealthLevel.HEALTHY
+
+
 def test_a_healthy_gpu_through_ecc_bursts_throttle_and_pcie_drop_is_degraded_at_most() -> None:
     book = HealthBook(GPUS, BookSettings(ecc_correctable_burst=100))
     book.add_readings([reading(0, ecc_volatile_corrected=10, ecc_volatile_uncorrected=0)], 1.0)

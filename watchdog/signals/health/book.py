@@ -19,6 +19,7 @@ power; the width does not change by itself.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -91,11 +92,17 @@ class HealthBook:
         self.read_errors: tuple[str, ...] = ()
         self.dropped = 0
         """Held findings refused because :data:`MAX_HELD` were held."""
+        self._version = 0
+        """Bumped by every change of what :meth:`node_health` reads (the daemon asks 10 times a second)."""
+        self._verdict: tuple[tuple[int, BookSettings, tuple[str, ...]], float, NodeHealth] | None = None
+        """The last verdict: (version, settings, extra errors) it was made from, and until when it holds
+        (the first held finding's expiry)."""
 
     def set_gpus(self, gpus: Iterable[tuple[int, str | None]]) -> None:
         """The node's GPUs: index and PCI bus id (the kernel log names a GPU by its bus id)."""
         self._gpus = {int(g): bus for g, bus in gpus}
         self._by_bus = {}
+        self._version = getattr(self, "_version", 0) + 1
         for g, bus in self._gpus.items():
             key = pci_key(bus)
             if key is not None:
@@ -109,6 +116,7 @@ class HealthBook:
 
     def add_event(self, event: HardwareEvent) -> HardwareFinding:
         """Judge one event (the catalog for an Xid) and hold it; returns the finding as held now."""
+        self._version += 1
         gpu = event.gpu if event.gpu is not None else self.gpu_of(event.pci_bus_id)
         bus = event.pci_bus_id or (self._gpus.get(gpu) if gpu is not None else None)
         if event.kind is FaultKind.XID and event.xid is not None:
@@ -163,6 +171,7 @@ class HealthBook:
 
     def add_readings(self, readings: Iterable[GpuHealthReading], now: float) -> None:
         """One NVML health poll: replaces each polled GPU's state findings, counts its counters."""
+        self._version += 1
         errors: list[str] = []
         for r in readings:
             self._polled[r.gpu] = tuple(self._states(r))
@@ -262,7 +271,19 @@ class HealthBook:
 
     def node_health(self, now: float, extra_errors: tuple[str, ...] = ()) -> NodeHealth:
         """The node verdict at ``now``: held findings younger than ``event_hold_s`` plus the polled
-        states; each GPU's level is its worst finding, the node's the worst of all."""
+        states; each GPU's level is its worst finding, the node's the worst of all. Made again only
+        when something it reads changed or a held finding expired; else the last one is returned."""
+        key = (self._version, self.settings, extra_errors)
+        memo = self._verdict
+        if memo is not None and memo[0] == key and now <= memo[1]:
+            return memo[2]
+        verdict = self._node_health(now, extra_errors)
+        hold_s = self.settings.event_hold_s
+        holds_until = min((f.last_seen + hold_s for f in self._held.values()), default=math.inf)
+        self._verdict = (key, holds_until, verdict)
+        return verdict
+
+    def _node_health(self, now: float, extra_errors: tuple[str, ...]) -> NodeHealth:
         hold_s = self.settings.event_hold_s
         for key in [k for k, f in self._held.items() if now - f.last_seen > hold_s]:
             del self._held[key]
