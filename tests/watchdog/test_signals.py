@@ -128,6 +128,35 @@ def test_a_registered_signal_is_built_run_reported_reloaded_and_closed(tmp_path:
     assert second.closed
 
 
+def test_the_signals_status_is_asked_each_process_period_not_each_cycle(
+    tmp_path: Path, probe: type[Probe]
+):
+    # issue 30: 10 cycles a second, the signals' facts (and so their status) once a second
+    asked: list[float] = []
+    status = Probe.status
+
+    def counted(self: Probe) -> Mapping[str, Any]:
+        asked.append(time.monotonic())
+        return status(self)
+
+    path = write_config(tmp_path / "watchdog.toml", tmp_path, 60.0)
+    daemon = Daemon(load_config(path, {}), NoneSource(), config_path=path, serve_http=False)
+    probe.status = counted  # type: ignore[method-assign]
+    try:
+        daemon.start()
+        now = time.time()
+        snaps = [daemon.cycle(now + 0.1 * i) for i in range(25)]  # process period 1 s: 3 of them
+        assert len(asked) == 3
+        assert all(s.signals["probe"]["min_interval_s"] == 60.0 for s in snaps)  # in every snapshot
+        assert snaps[-1].signals["probe"]["calls"] == 3
+        daemon.reload()
+        daemon.cycle(now + 2.6)  # not a process period, but a reloaded signal reports afresh
+        assert len(asked) == 4
+    finally:
+        probe.status = status  # type: ignore[method-assign]
+        daemon.close()
+
+
 def test_the_signals_facts_reach_the_job_views(tmp_path: Path, probe: type[Probe]):
     write_progress(tmp_path)
     path = write_config(tmp_path / "watchdog.toml", tmp_path, 60.0)

@@ -129,6 +129,8 @@ class Daemon:
         self._reload = threading.Event()
         self._last_process_s: float | None = None
         self._jobs: tuple[JobStatus, ...] = ()
+        self._signal_status: dict[str, Any] | None = None
+        """The registered signals' status as the last process period (or health change) left it."""
         self._last_sample_time: float | None = None
         self._wall: float | None = None
         self._sample_duration_s = 0.0
@@ -238,6 +240,7 @@ class Daemon:
             return
         self.detector.config = detector_config(new)
         self.observer.reload(self.config, new)
+        self._signal_status = None  # a reloaded signal reports afresh in the next snapshot
         old_logs = (self.config.daemon.log_level, self.config.daemon.log_format)
         if (new.daemon.log_level, new.daemon.log_format) != old_logs:
             configure_logging(new.daemon.log_level, new.daemon.log_format, stream=sys.stderr)
@@ -381,6 +384,7 @@ class Daemon:
                 gpu=ch.gpu,
             )
         statuses = self.gpus.statuses()
+        health_before = self.node_health
         self._node_facts(now)
         due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
         if due:
@@ -415,7 +419,11 @@ class Daemon:
             signal_errors={**self.observer.signals.errors, **self.observer.signals.node_errors},
             store=self.store,
         )
-        signal_status = self.observer.signals.status()
+        if due or self._signal_status is None or self.node_health is not health_before:
+            # the signals' status changes with their facts (each process period) or the node's health:
+            # asked then, not 10 times a second
+            self._signal_status = self.observer.signals.status()
+        signal_status = dict(self._signal_status)
         snap = Snapshot(
             node=self.node,
             source=self.source.name,
