@@ -357,3 +357,90 @@ def test_environment_scans_are_rate_limited_and_keep_what_they_found(spawn: Spaw
     wait_for(lambda: env_visible(third.pid, "RANK"))
     view = inspector.inspect(T0 + 70, gpu_pids={3: [first.pid]})
     assert [(r.pid, r.gpu) for r in view.jobs[job]] == [(first.pid, 3), (late.pid, 5)]
+
+
+# ------------------------------------------------------------------------ measuring through /proc
+
+
+def test_measuring_reads_proc_and_gives_psutils_values(
+    spawn: Spawn, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: a rank is measured with one read of /proc/<pid>/stat and one of /proc/<pid>/io -
+    no psutil call - and the values are psutil's."""
+    procs = [spawn([sys.executable, "-c", SLEEP], rank_environ(job, r, 2)) for r in range(2)]
+    for p in procs:
+        wait_for(lambda p=p: env_visible(p.pid, "RANK"))
+        wait_for(lambda p=p: psutil.Process(p.pid).status() == psutil.STATUS_SLEEPING)  # in its sleep
+    inspector = ProcessInspector(discovery_interval_s=3600)
+    inspector.inspect(T0)
+    want = {}
+    for p in procs:
+        ps = psutil.Process(p.pid)
+        times, io = ps.cpu_times(), ps.io_counters()
+        want[p.pid] = (ps.status(), times.user + times.system, os.getpgid(p.pid), io.read_chars)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("psutil called while measuring")
+
+    for name in ("oneshot", "status", "cpu_times", "io_counters", "is_running"):
+        monkeypatch.setattr(psutil.Process, name, refused)
+    ranks = inspector.inspect(T0 + 1).jobs[job]
+    got = {r.pid: (r.status, r.cpu_time_s, r.pgid, None) for r in ranks}
+    assert {pid: w[:3] for pid, w in want.items()} == {pid: g[:3] for pid, g in got.items()}
+    assert all(r.alive and r.read_chars_delta is not None and r.interval_s == 1.0 for r in ranks)
+
+
+def test_a_pid_that_names_a_process_started_at_another_time_is_gone(spawn: Spawn, job: str) -> None:
+    """The pid of a rank that exited may name a new process: its start time differs, and the rank is
+    gone - never measured (nor signalled) as that process."""
+    p = spawn([sys.executable, "-c", SLEEP], rank_environ(job, 0, 1))
+    wait_for(lambda: env_visible(p.pid, "RANK"))
+    inspector = ProcessInspector(discovery_interval_s=3600)
+    assert [r.alive for r in inspector.inspect(T0).jobs[job]] == [True]
+    inspector._tracked[p.pid].start_ticks -= 1  # what a reused pid looks like from here
+    [r] = inspector.inspect(T0 + 1).jobs[job]
+    assert (r.alive, r.gone_since_s, r.cpu_time_s) == (False, T0 + 1, None)
+
+
+def test_the_psutil_path_where_there_is_no_proc(
+    spawn: Spawn, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpu_triage.signals import procfs
+
+    monkeypatch.setattr(procfs, "AVAILABLE", False)
+    monkeypatch.setattr(procfs, "read_stat", lambda *a: pytest.fail("read /proc where it is absent"))
+    p = spawn([sys.executable, "-c", SLEEP], rank_environ(job, 0, 1))
+    wait_for(lambda: env_visible(p.pid, "RANK"))
+    wait_for(lambda: psutil.Process(p.pid).status() == psutil.STATUS_SLEEPING)
+    inspector = ProcessInspector()
+    inspector.inspect(T0)
+    [r] = inspector.inspect(T0 + 1).jobs[job]
+    assert r.alive and r.pgid == p.pid and r.cpu_time_delta_s is not None and r.status == "sleeping"
+    p.kill()
+    p.wait()
+    [r] = inspector.inspect(T0 + 2).jobs[job]
+    assert not r.alive and r.gone_since_s == T0 + 2
+
+
+def test_proc_stat_is_read_past_a_hostile_command_name(spawn: Spawn, tmp_path: Path) -> None:
+    """The command name in /proc/<pid>/stat is the program's: spaces and parentheses in it never
+    shift the fields."""
+    from gpu_triage.signals import procfs
+
+    hostile = tmp_path / "a) Z 1 2 3 4"
+    hostile.symlink_to(Path(sys.executable).resolve())
+    p = spawn([str(hostile), "-c", SLEEP], {})
+    wait_for(lambda: psutil.Process(p.pid).name() == hostile.name[:15])
+    st = procfs.read_stat(p.pid)
+    ps = psutil.Process(p.pid)
+    times = ps.cpu_times()
+    assert (st.status, st.pgid) == (ps.status(), p.pid)
+    assert abs(st.cpu_time_s - (times.user + times.system)) < 0.05
+    with pytest.raises(procfs.Gone):
+        procfs.read_stat(p.pid, st.start_ticks + 1)
+    p.kill()
+    p.wait()
+    with pytest.raises(procfs.Gone):
+        procfs.read_stat(p.pid)
+    with pytest.raises(procfs.Gone):
+        procfs.read_io(p.pid)

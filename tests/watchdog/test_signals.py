@@ -128,9 +128,7 @@ def test_a_registered_signal_is_built_run_reported_reloaded_and_closed(tmp_path:
     assert second.closed
 
 
-def test_the_signals_status_is_asked_each_process_period_not_each_cycle(
-    tmp_path: Path, probe: type[Probe]
-):
+def test_the_signals_status_is_asked_each_process_period_not_each_cycle(tmp_path: Path, probe: type[Probe]):
     # issue 30: 10 cycles a second, the signals' facts (and so their status) once a second
     asked: list[float] = []
     status = Probe.status

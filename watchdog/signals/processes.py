@@ -20,13 +20,14 @@ A job found only through 3 or 4 is named by the environment (``slurm-<id>[.<step
 ...) or ``launcher-<pid>``; when any of its pids is in a progress file the whole group takes the
 progress file's job name.
 
-Measuring (every call, cheap): for each known rank, inside ``psutil.Process.oneshot()``: status
-(``disk-sleep`` is the D-state), CPU time, I/O counters (``read_bytes``/``write_bytes`` reach the
-storage layer; ``read_chars``/``write_chars`` count every read/write call, pipes and sockets included;
-None where ``/proc/<pid>/io`` cannot be read), and the process group id. Deltas are between this call
-and the previous one for the same (pid, create time). ``psutil.Process`` objects are cached by
-(pid, create time). A process that vanished is reported ``alive=False`` (never an error) until
-``forget_after_s`` has passed.
+Measuring (every call, cheap): for each known rank, one read of ``/proc/<pid>/stat`` and one of
+``/proc/<pid>/io`` (:mod:`gpu_triage.signals.procfs`; psutil's ``oneshot()`` where there is no
+``/proc``): status (``disk-sleep`` is the D-state), CPU time, I/O counters (``read_bytes``/``write_bytes``
+reach the storage layer; ``read_chars``/``write_chars`` count every read/write call, pipes and sockets
+included; None where ``/proc/<pid>/io`` cannot be read), and the process group id. Deltas are between
+this call and the previous one for the same (pid, create time). ``psutil.Process`` objects (discovery's)
+are cached by (pid, create time). A process that vanished - or whose pid now names a process started
+at another time - is reported ``alive=False`` (never an error) until ``forget_after_s`` has passed.
 
 The rules (``rank_env``, ``gpu_for_local_rank``, ``local_rank_from_cmdline``, ``is_launcher``,
 ``job_key``, ``judge_claim``, ``pick_ranks``, ``name_groups``) and the values (:class:`RankProcess`,
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from gpu_triage.signals import procfs
 from gpu_triage.signals.ranks import (
     Candidate,
     ProgressClaim,
@@ -186,6 +188,8 @@ class _Tracked:
     gone_since_s: float | None = None
     status: str | None = None
     pgid: int | None = None
+    start_ticks: int | None = None
+    """The process's start time in clock ticks since boot, as ``/proc`` first showed it (pid reuse)."""
 
 
 # --------------------------------------------------------------------------------------- inspector
@@ -348,7 +352,11 @@ class ProcessInspector:
             previous = self._tracked.get(cand.pid)
             same = previous is not None and previous.create_time == create_time
             tracked[cand.pid] = _Tracked(
-                proc, create_time, cand, previous.last if same and previous else None, None, None, None
+                proc,
+                create_time,
+                cand,
+                previous.last if same and previous else None,
+                start_ticks=previous.start_ticks if same and previous else None,
             )
         for pid, old in self._tracked.items():  # keep the dead in view until forgotten
             if pid not in tracked and old.gone_since_s is not None:
@@ -473,11 +481,32 @@ class ProcessInspector:
 
     # -------------------------------------------------------------------------------- measuring
 
+    @staticmethod
+    def _read_procfs(t: _Tracked, now_s: float) -> tuple[float | None, tuple[int, int, int, int] | None]:
+        """:meth:`_measure`'s reads through ``/proc`` (:mod:`gpu_triage.signals.procfs`): status, CPU
+        time, process group and I/O in two reads, the same values psutil gives; a pid that now names
+        another process (its start time changed) is gone."""
+        try:
+            st = procfs.read_stat(t.proc.pid, t.start_ticks)
+            io = procfs.read_io(t.proc.pid)
+        except procfs.Gone:
+            t.gone_since_s, t.status = now_s, None
+            return None, None
+        except procfs.Denied:
+            t.status = None
+            return None, None
+        t.start_ticks, t.status, t.pgid = st.start_ticks, st.status, st.pgid
+        if st.status in DEAD_STATUSES:
+            t.gone_since_s = now_s
+        return st.cpu_time_s, io
+
     def _measure(self, t: _Tracked, now_s: float) -> RankProcess:
         c = t.cand
         cpu_s: float | None = None
         io: tuple[int, int, int, int] | None = None
-        if t.gone_since_s is None:
+        if t.gone_since_s is None and procfs.AVAILABLE:
+            cpu_s, io = self._read_procfs(t, now_s)
+        elif t.gone_since_s is None:
             try:
                 with t.proc.oneshot():
                     status = t.proc.status()
