@@ -442,3 +442,20 @@ def test_the_fast_single_sample_equals_the_vectorised_render() -> None:
     source = SimSource("reference-b300", gpus=16, start_s=0.0, seed=7)
     for t in [*np.arange(-3.0, 1300.0, 0.7), 98765.43]:
         assert source.sample(float(t)) == source._sample_by_render(float(t))
+    # and each field is the frame's own (the samples are built positionally)
+    source.attach_pids({3: (42,)})
+    frame = source.scenario.render(np.array([500.0]), gpus=16, seed=7)
+    for s in source.sample(500.0):
+        g, info = s.gpu, source.gpus()[s.gpu]
+        assert (s.time_s, s.power_w, s.power_instant_w) == (500.0, frame.power_w[0][g], frame.power_w[0][g])
+        assert (s.energy_j, s.utilization_ratio) == (frame.energy_j[0][g], frame.utilization_ratio[0][g])
+        assert (s.memory_used_bytes, s.memory_total_bytes) == (
+            frame.memory_used_bytes[0][g],
+            info.memory_total_bytes,
+        )
+        assert (s.sm_clock_mhz, s.temperature_c) == (frame.sm_clock_mhz[0][g], frame.temperature_c[0][g])
+        assert (s.nvlink_tx_bytes, s.nvlink_rx_bytes) == (frame.nvlink_bytes[0][g], frame.nvlink_bytes[0][g])
+        assert s.pcie_tx_bytes_per_s == frame.pcie_tx_bytes_per_s[0][g]
+        assert s.pcie_rx_bytes_per_s == frame.pcie_rx_bytes_per_s[0][g]
+        assert (s.power_limit_w, s.pids) == (info.power_limit_w, (42,) if g == 3 else ())
+        assert (s.uuid, s.name, s.pci_bus_id, s.error) == (info.uuid, info.name, info.pci_bus_id, None)

@@ -67,6 +67,8 @@ def _as_scenario(scenario: Scenario | str | Path) -> Scenario:
 
 NOISE_BLOCK = 600
 """Ticks of noise :meth:`SimSource.sample` computes at once (a minute at 10 Hz)."""
+RENDER_CHUNK = 50
+"""Ticks of power and utilisation :meth:`SimSource.sample` computes at once within one phase (5 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,8 @@ class SimSource:
         """Per phase index: the [G] rows of the scenario's table that :meth:`sample` reads."""
         self._starts: tuple[list[float], float] | None = None
         self._noise_blocks: dict[int, tuple[int, np.ndarray]] = {}
+        self._chunk: tuple[int, int, list[list[float]], list[list[float]]] | None = None
+        """(phase index, first tick, power rows, utilisation rows) of the ticks computed last."""
         """Per noise channel: (first tick, noise of :data:`NOISE_BLOCK` ticks from it)."""
         self.pids_by_gpu: dict[int, tuple[int, ...]] = {}
         """Processes to report per GPU (a simulated job's ranks), set with :meth:`attach_pids`."""
@@ -165,10 +169,7 @@ class SimSource:
         idx, loops, el = self._locate_one(t)
         rows = self._phase_rows(idx)
         tick = math.floor(max(t, 0.0) * sc.sample_rate_hz + 0.5)
-        frac = rows.power_fraction + rows.power_jitter_fraction * self._noise_row(tick, 0)
-        power = (np.clip(frac, 0.02, 1.2) * sc.power_limit_w).tolist()
-        util_raw = rows.utilization_ratio + rows.util_jitter * self._noise_row(tick, 1)
-        util = np.round(np.clip(util_raw, 0.0, 1.0), 2).tolist()
+        power, util = self._power_util(idx, rows, tick)
         tab = sc.table(self.gpu_count)
         energy = (loops * tab["energy_per_loop"] + rows.energy_before + rows.energy_rate * el).tolist()
         nvlink = (loops * tab["nvlink_per_loop"] + rows.nvlink_before + rows.nvlink_rate * el).tolist()
@@ -198,29 +199,31 @@ class SimSource:
         clock: list[float],
         temp: list[float],
     ) -> list[GpuSample]:
-        """One time point's per-GPU columns -> the samples (the one place a sim sample is built)."""
+        """One time point's per-GPU columns -> the samples (the one place a sim sample is built).
+        Positional, in GpuSample's field order (16 of them 10 times a second: keywords cost ~40 %
+        more); ``test_sim_source`` checks every field by name against the rendered frame."""
         pids = self.pids_by_gpu
         return [
             GpuSample(
-                gpu=g,
-                time_s=now_s,
-                power_w=power[g],
-                power_instant_w=power[g],
-                energy_j=energy[g],
-                utilization_ratio=util[g],
-                memory_used_bytes=memory[g],
-                memory_total_bytes=info.memory_total_bytes,
-                sm_clock_mhz=clock[g],
-                temperature_c=temp[g],
-                power_limit_w=info.power_limit_w,
-                nvlink_tx_bytes=nvlink[g],
-                nvlink_rx_bytes=nvlink[g],
-                pcie_tx_bytes_per_s=pcie_tx[g],
-                pcie_rx_bytes_per_s=pcie_rx[g],
-                pids=pids.get(g, ()),
-                uuid=info.uuid,
-                name=info.name,
-                pci_bus_id=info.pci_bus_id,
+                g,  # gpu
+                now_s,  # time_s
+                power[g],  # power_w
+                power[g],  # power_instant_w
+                energy[g],  # energy_j
+                util[g],  # utilization_ratio
+                memory[g],  # memory_used_bytes
+                info.memory_total_bytes,
+                clock[g],  # sm_clock_mhz
+                temp[g],  # temperature_c
+                info.power_limit_w,
+                nvlink[g],  # nvlink_tx_bytes
+                nvlink[g],  # nvlink_rx_bytes
+                pcie_tx[g],  # pcie_tx_bytes_per_s
+                pcie_rx[g],  # pcie_rx_bytes_per_s
+                pids.get(g, ()),
+                info.uuid,
+                info.name,
+                info.pci_bus_id,
             )
             for g, info in enumerate(self._infos)
         ]
@@ -264,6 +267,26 @@ class SimSource:
             loops, local = 0.0, t
         idx = min(max(bisect.bisect_right(starts, local) - 1, 0), len(starts) - 1)
         return idx, loops, local - starts[idx]
+
+    def _power_util(self, idx: int, rows: _PhaseRows, tick: int) -> tuple[list[float], list[float]]:
+        """Power and utilisation of one tick, from :data:`RENDER_CHUNK` ticks of the same phase
+        computed at once (the same operations on [T, G] rows as on [G]: the same values)."""
+        chunk = self._chunk
+        if chunk is None or chunk[0] != idx or not chunk[1] <= tick < chunk[1] + len(chunk[2]):
+            n0, n1 = self._noise_rows(tick, 0), self._noise_rows(tick, 1)
+            sc = self.scenario
+            frac = rows.power_fraction + rows.power_jitter_fraction * n0
+            power = (np.clip(frac, 0.02, 1.2) * sc.power_limit_w).tolist()
+            util_raw = rows.utilization_ratio + rows.util_jitter * n1
+            util = np.round(np.clip(util_raw, 0.0, 1.0), 2).tolist()
+            chunk = self._chunk = (idx, tick, power, util)
+        return chunk[2][tick - chunk[1]], chunk[3][tick - chunk[1]]
+
+    def _noise_rows(self, tick: int, channel: int) -> np.ndarray:
+        """The noise of up to :data:`RENDER_CHUNK` ticks from ``tick`` (fewer at the end of a block)."""
+        self._noise_row(tick, channel)
+        start, block = self._noise_blocks[channel]
+        return block[tick - start : tick - start + RENDER_CHUNK]
 
     def _noise_row(self, tick: int, channel: int) -> np.ndarray:
         """``noise`` of one tick, from a block of :data:`NOISE_BLOCK` ticks computed at once (the
