@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -247,3 +248,38 @@ def test_rescaled_tables_still_cover_every_point():
         for cap in (0.4, 0.6, 0.8, 1.3):
             limit = (table.power_limit_w or 500.0) * cap
             _check_coverage(table.at_limit(limit), f"{table.model}@{limit:.0f}W")
+
+
+def test_the_trackers_status_rows_carry_each_reading_in_its_own_field() -> None:
+    """GpuTracker.statuses builds its rows positionally (10 times a second per GPU): each value lands
+    in the field it names, and a failed read keeps the static facts but no numbers."""
+    from gpu_triage.classify.tracker import GpuTracker
+    from gpu_triage.model.samples import GpuSample
+
+    tracker = GpuTracker()
+    good = GpuSample(
+        gpu=0, time_s=1.0, power_w=900.0, energy_j=5.0, utilization_ratio=0.97, memory_used_bytes=7.0,
+        memory_total_bytes=8.0, sm_clock_mhz=1900.0, temperature_c=61.0, power_limit_w=1100.0,
+        uuid="GPU-0", name="NVIDIA B300", pci_bus_id="00000000:1B:00.0",
+    )  # fmt: skip
+    tracker.update(1.0, [good, GpuSample(gpu=1, time_s=1.0, power_limit_w=0.0, name="NVIDIA B300")])
+    s0, s1 = tracker.statuses()
+    table = tracker.tables()[0]
+    assert (s0.gpu, s0.uuid, s0.name, s0.model, s0.pci_bus_id) == (
+        0, "GPU-0", "NVIDIA B300", table.model, "00000000:1B:00.0"
+    )  # fmt: skip
+    assert (s0.power_w, s0.power_limit_w, s0.utilization_ratio, s0.memory_used_bytes) == (
+        900.0,
+        1100.0,
+        0.97,
+        7.0,
+    )
+    assert (s0.energy_j, s0.temperature_c, s0.sm_clock_mhz) == (5.0, 61.0, 1900.0)
+    assert (s0.state, s0.state_since) == (GpuState.COMPUTE, 1.0)
+    assert (s0.read_errors_total, s0.impossible_power_limits_total) == (0, 0)
+    assert s0.compute_floor_w == table.bands[GpuState.COMPUTE].power_min * 1100.0
+    assert s0.spin_ceiling_w == table.bands[GpuState.CHECKPOINT_OR_DEADLOCK].power_max * 1100.0
+    assert s1.impossible_power_limits_total == 1 and s1.power_limit_w == table.power_limit_w
+    tracker.update(2.0, [replace(good, time_s=2.0, error="timeout", power_w=None)])
+    s0 = tracker.statuses()[0]
+    assert (s0.power_w, s0.energy_j, s0.uuid, s0.read_errors_total) == (None, None, "GPU-0", 1)

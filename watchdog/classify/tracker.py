@@ -15,7 +15,7 @@ from pathlib import Path
 from gpu_triage.classify.hysteresis import GpuClassifier
 from gpu_triage.classify.power_table import PowerTable
 from gpu_triage.classify.table_files import resolve_table
-from gpu_triage.model.limits import power_limit_problem
+from gpu_triage.model.limits import MAX_POWER_LIMIT_W, MIN_POWER_LIMIT_W
 from gpu_triage.model.samples import GpuSample
 from gpu_triage.model.snapshot import GpuStatus
 from gpu_triage.model.states import GpuState
@@ -84,7 +84,8 @@ class GpuTracker:
     def update(self, now: float, samples: Sequence[GpuSample]) -> list[StateChange]:
         changes: list[StateChange] = []
         for s in samples:
-            impossible = s.power_limit_w is not None and power_limit_problem(s.power_limit_w) is not None
+            limit_w = s.power_limit_w  # power_limit_problem's range, inline: 16 GPUs 10 times a second
+            impossible = limit_w is not None and not MIN_POWER_LIMIT_W <= limit_w <= MAX_POWER_LIMIT_W
             if impossible:
                 s = replace(s, power_limit_w=None)
             gpu = self._gpus.get(s.gpu)
@@ -125,6 +126,8 @@ class GpuTracker:
         return changes
 
     def statuses(self) -> tuple[GpuStatus, ...]:
+        """Each GPU's row of the snapshot (built positionally, in GpuStatus's field order: 16 of them
+        10 times a second; the tests read every field by name)."""
         out = []
         for g in sorted(self._gpus):
             t = self._gpus[g]
@@ -138,26 +141,27 @@ class GpuTracker:
                     _edge(t.table, GpuState.COMPUTE, "power_min", limit),
                     _edge(t.table, GpuState.CHECKPOINT_OR_DEADLOCK, "power_max", limit),
                 )
+            c = t.classifier
             out.append(
                 GpuStatus(
-                    gpu=g,
-                    uuid=s.uuid,
-                    name=s.name,
-                    model=t.table.model,
-                    power_w=s.power_w if ok else None,
-                    power_limit_w=limit,
-                    utilization_ratio=s.utilization_ratio if ok else None,
-                    memory_used_bytes=s.memory_used_bytes if ok else None,
-                    state=t.classifier.state,
-                    state_since=t.classifier.since_s,
-                    energy_j=s.energy_j if ok else None,
-                    temperature_c=s.temperature_c if ok else None,
-                    sm_clock_mhz=s.sm_clock_mhz if ok else None,
-                    read_errors_total=t.read_errors_total,
-                    impossible_power_limits_total=t.impossible_limits_total,
-                    compute_floor_w=t.edges[1],
-                    spin_ceiling_w=t.edges[2],
-                    pci_bus_id=s.pci_bus_id,
+                    g,  # gpu
+                    s.uuid,
+                    s.name,
+                    t.table.model,
+                    s.power_w if ok else None,
+                    limit,  # power_limit_w
+                    s.utilization_ratio if ok else None,
+                    s.memory_used_bytes if ok else None,
+                    c.state,
+                    c.since_s,  # state_since
+                    s.energy_j if ok else None,
+                    s.temperature_c if ok else None,
+                    s.sm_clock_mhz if ok else None,
+                    t.read_errors_total,
+                    t.impossible_limits_total,  # impossible_power_limits_total
+                    t.edges[1],  # compute_floor_w
+                    t.edges[2],  # spin_ceiling_w
+                    s.pci_bus_id,
                 )
             )
         return tuple(out)
