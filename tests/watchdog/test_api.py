@@ -679,6 +679,21 @@ def test_snapshot_holder_publishes_and_wakes_waiters() -> None:
     assert holder.wait_for_cycle(4, timeout_s=0.01) is None
 
 
+def test_publishing_takes_no_lock_while_nobody_waits() -> None:
+    """The loop publishes 10 times a second: with no thread in wait_for_cycle it stores the snapshot
+    and goes on, never taking (nor waiting for) the waiters' lock; a waiter still wakes."""
+    holder = SnapshotHolder()
+    with holder._changed:  # a reader holding the lock cannot delay a publish nobody waits for
+        done = threading.Event()
+        threading.Thread(target=lambda: (holder.publish(snapshot(cycle=1)), done.set()), daemon=True).start()
+        assert done.wait(5.0), "publish waited for the lock"
+    publisher = threading.Timer(0.05, holder.publish, args=(snapshot(cycle=2),))
+    publisher.start()
+    got = holder.wait_for_cycle(2, timeout_s=5.0)
+    publisher.join()
+    assert got is not None and got.cycle == 2
+
+
 def test_docs_work_offline_and_point_to_the_openapi_document(client: TestClient) -> None:
     """FastAPI's default /docs loads Swagger UI from a CDN - blank on an air-gapped node. Ours is one
     page that loads nothing from anywhere, lists every endpoint and links /openapi.json."""

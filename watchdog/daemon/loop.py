@@ -130,6 +130,8 @@ class Daemon:
         self._last_process_s: float | None = None
         self._jobs: tuple[JobStatus, ...] = ()
         self._signal_status: dict[str, Any] | None = None
+        self._action_counters: dict[tuple[str, str], int] | None = None
+        """The action engine's counters as the last process period left them (Snapshot.actions)."""
         """The registered signals' status as the last process period (or health change) left it."""
         self._last_sample_time: float | None = None
         self._wall: float | None = None
@@ -407,6 +409,10 @@ class Daemon:
                 self.health.actions_ran(None)
             except Exception as e:
                 self.health.actions_ran(e)
+        action_counters = self._action_counters
+        if due or action_counters is None:  # actions run (and count) each process period
+            action_counters = {} if self.actions is None else self.actions.counters
+            self._action_counters = action_counters
         self.recorder.persist_silences(self.control.silences, now)
         if self.store is not None:
             self.store.maybe_reattach(now)
@@ -443,7 +449,7 @@ class Daemon:
                 "failed_cycles_total": float(self.stats.failed),
                 "degraded_cycles_total": float(self.health.degraded_cycles + self.stats.failed),
             },
-            actions=self.actions.counters if self.actions is not None else {},
+            actions=action_counters,
             version=__version__,
             untrusted_progress_files=self.observer.untrusted,
             input_errors=input_errors,
@@ -464,8 +470,8 @@ class Daemon:
         node's or a GPU's health level is an event."""
         facts = self.observer.signals.node_facts(now)
         before, after = self.node_health, facts.get("node_health", UNKNOWN_HEALTH)
-        if not isinstance(after, NodeHealth):
-            return
+        if after is before or not isinstance(after, NodeHealth):
+            return  # the same verdict (the health book keeps it while nothing changed)
         self.node_health = after
         was = {g.gpu: g.level for g in before.gpus}
         for g in after.gpus:

@@ -96,6 +96,8 @@ class QueuedControl:
 
     def drain(self) -> list[ModeCommand]:
         """The commands queued since the last drain, oldest first (called by the loop)."""
+        if not self._commands:  # 10 times a second, nearly always empty: no lock (one queued now is next)
+            return []
         with self._lock:
             commands = list(self._commands)
             self._commands.clear()

@@ -19,19 +19,22 @@ from gpu_triage.model.snapshot import Snapshot
 class SnapshotHolder:
     """Thread-safe holder of the latest published :class:`Snapshot` (``None`` before the first cycle)."""
 
-    __slots__ = ("_changed", "_published_monotonic_s", "_snapshot")
+    __slots__ = ("_changed", "_published_monotonic_s", "_snapshot", "_waiters")
 
     def __init__(self, initial: Snapshot | None = None) -> None:
         self._snapshot: Snapshot | None = initial
         self._published_monotonic_s: float | None = time.monotonic() if initial is not None else None
         self._changed = threading.Condition(threading.Lock())
+        self._waiters = 0
+        """Threads in :meth:`wait_for_cycle` (publish takes the lock to wake them only when there are)."""
 
     def publish(self, snapshot: Snapshot) -> None:
         """Make ``snapshot`` the latest (called by the loop once per cycle)."""
         self._snapshot = snapshot  # a single reference store: atomic for readers
         self._published_monotonic_s = time.monotonic()
-        with self._changed:
-            self._changed.notify_all()
+        if self._waiters:  # a waiter counts itself before it reads the snapshot: none is missed
+            with self._changed:
+                self._changed.notify_all()
 
     def latest(self) -> Snapshot | None:
         """The latest snapshot, or ``None`` before the first cycle. Never blocks."""
@@ -48,11 +51,15 @@ class SnapshotHolder:
         when ``timeout_s`` passes first."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while True:
-                snapshot = self._snapshot
-                if snapshot is not None and snapshot.cycle >= cycle:
-                    return snapshot
-                remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    return None
-                self._changed.wait(remaining_s)
+            self._waiters += 1
+            try:
+                while True:
+                    snapshot = self._snapshot
+                    if snapshot is not None and snapshot.cycle >= cycle:
+                        return snapshot
+                    remaining_s = deadline - time.monotonic()
+                    if remaining_s <= 0:
+                        return None
+                    self._changed.wait(remaining_s)
+            finally:
+                self._waiters -= 1
