@@ -694,6 +694,36 @@ def test_publishing_takes_no_lock_while_nobody_waits() -> None:
     assert got is not None and got.cycle == 2
 
 
+def test_an_unbuilt_cycle_is_built_by_its_first_reader_once_and_an_unread_one_never() -> None:
+    holder = SnapshotHolder()
+    built: list[int] = []
+
+    def maker(cycle: int) -> Callable[[], Snapshot]:
+        def make() -> Snapshot:
+            built.append(cycle)
+            return snapshot(cycle=cycle)
+
+        return make
+
+    for cycle in range(1, 11):  # ten cycles, nobody reads
+        holder.publish_lazy(cycle, maker(cycle))
+    assert built == [] and holder.latest_cycle == 10
+    first = holder.latest()
+    assert first is not None and first.cycle == 10 and holder.latest() is first and built == [10]
+    holder.publish_lazy(11, maker(11))
+    readers = [threading.Thread(target=holder.latest) for _ in range(8)]
+    for r in readers:
+        r.start()
+    for r in readers:
+        r.join()
+    assert built == [10, 11]  # eight readers at once: built once
+    publisher = threading.Timer(0.05, holder.publish_lazy, args=(12, maker(12)))
+    publisher.start()
+    got = holder.wait_for_cycle(12, timeout_s=5.0)
+    publisher.join()
+    assert got is not None and got.cycle == 12 and built == [10, 11, 12]
+
+
 def test_docs_work_offline_and_point_to_the_openapi_document(client: TestClient) -> None:
     """FastAPI's default /docs loads Swagger UI from a CDN - blank on an air-gapped node. Ours is one
     page that loads nothing from anywhere, lists every endpoint and links /openapi.json."""

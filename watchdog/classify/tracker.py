@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from gpu_triage.classify.hysteresis import GpuClassifier
 from gpu_triage.classify.power_table import PowerTable
@@ -38,6 +39,52 @@ class StateChange:
     since: float
     power_w: float | None
     utilization_ratio: float | None
+
+
+class StatusInput(NamedTuple):
+    """One GPU's status row before it is made (:meth:`GpuTracker.status_inputs`)."""
+
+    sample: GpuSample
+    model: str
+    power_limit_w: float | None
+    state: GpuState
+    since_s: float | None
+    read_errors_total: int
+    impossible_limits_total: int
+    compute_floor_w: float | None
+    spin_ceiling_w: float | None
+
+
+def status_rows(inputs: Sequence[StatusInput]) -> tuple[GpuStatus, ...]:
+    """The snapshot's GPU rows (built positionally, in GpuStatus's field order; the tests read every
+    field by name). Pure: any thread may make them from the values the loop took."""
+    out = []
+    for i in inputs:
+        s = i.sample
+        ok = s.error is None
+        out.append(
+            GpuStatus(
+                s.gpu,
+                s.uuid,
+                s.name,
+                i.model,
+                s.power_w if ok else None,
+                i.power_limit_w,
+                s.utilization_ratio if ok else None,
+                s.memory_used_bytes if ok else None,
+                i.state,
+                i.since_s,  # state_since
+                s.energy_j if ok else None,
+                s.temperature_c if ok else None,
+                s.sm_clock_mhz if ok else None,
+                i.read_errors_total,
+                i.impossible_limits_total,  # impossible_power_limits_total
+                i.compute_floor_w,
+                i.spin_ceiling_w,
+                s.pci_bus_id,
+            )
+        )
+    return tuple(out)
 
 
 @dataclass(slots=True)
@@ -125,15 +172,14 @@ class GpuTracker:
                 )
         return changes
 
-    def statuses(self) -> tuple[GpuStatus, ...]:
-        """Each GPU's row of the snapshot (built positionally, in GpuStatus's field order: 16 of them
-        10 times a second; the tests read every field by name)."""
+    def status_inputs(self) -> tuple[StatusInput, ...]:
+        """What each GPU's status row is made of now, as values that no longer change: the loop takes
+        them each cycle (cheap), :func:`status_rows` makes the rows when a reader wants them."""
         out = []
         for g in sorted(self._gpus):
             t = self._gpus[g]
             s = t.last
             assert s is not None
-            ok = s.error is None
             limit = s.power_limit_w or t.table.power_limit_w
             if t.edges is None or t.edges[0] != limit:
                 t.edges = (
@@ -143,28 +189,22 @@ class GpuTracker:
                 )
             c = t.classifier
             out.append(
-                GpuStatus(
-                    g,  # gpu
-                    s.uuid,
-                    s.name,
+                StatusInput(
+                    s,
                     t.table.model,
-                    s.power_w if ok else None,
-                    limit,  # power_limit_w
-                    s.utilization_ratio if ok else None,
-                    s.memory_used_bytes if ok else None,
+                    limit,
                     c.state,
-                    c.since_s,  # state_since
-                    s.energy_j if ok else None,
-                    s.temperature_c if ok else None,
-                    s.sm_clock_mhz if ok else None,
+                    c.since_s,
                     t.read_errors_total,
-                    t.impossible_limits_total,  # impossible_power_limits_total
-                    t.edges[1],  # compute_floor_w
-                    t.edges[2],  # spin_ceiling_w
-                    s.pci_bus_id,
+                    t.impossible_limits_total,
+                    t.edges[1],
+                    t.edges[2],
                 )
             )
         return tuple(out)
+
+    def statuses(self) -> tuple[GpuStatus, ...]:
+        return status_rows(self.status_inputs())
 
     def nvlink_bytes(self, gpu: int) -> float | None:
         t = self._gpus.get(gpu)

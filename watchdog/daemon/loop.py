@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
 from gpu_triage.actions.interface import Actions, Cycle
+from gpu_triage.classify.tracker import StatusInput, status_rows
 from gpu_triage.daemon.build import (
     check_token,
     make_actions,
@@ -302,7 +303,7 @@ class Daemon:
                 self.reload()
                 period = self.config.daemon.period_s
             t0 = self.monotonic()
-            self.tick()
+            self._tick(build=self.on_cycle is not None)  # the snapshot is built when first read
             self.stats.last_duration_s = self.monotonic() - t0
             now_m = self.monotonic()
             if self.notifier.watchdog_due(now_m):
@@ -318,12 +319,16 @@ class Daemon:
 
     def tick(self) -> Snapshot | None:
         """One cycle of the loop at the clock's time: a clock step is noticed (and moves nothing), then
-        :meth:`cycle` runs on the timeline; a failed cycle is counted, never raised."""
+        :meth:`cycle` runs on the timeline; a failed cycle is counted, never raised (None)."""
+        return self._tick(build=True)
+
+    def _tick(self, *, build: bool) -> Snapshot | None:
+        """:meth:`tick`; ``build`` False: the cycle's snapshot is published unbuilt (None returned)."""
         step = self.timeline.check_step()
         if step is not None:
             self.clock_step(step)
         try:
-            snap = self.cycle(self.clock(), wall=self.timeline.wall())
+            snap = self._cycle(self.clock(), self.timeline.wall(), build=build)
         except Exception as e:
             self._cycle_failed(e)
             return None
@@ -359,6 +364,14 @@ class Daemon:
         """One cycle at ``now`` on the daemon's timeline (gpu_triage.model.clock); ``wall``: the wall clock
         now, to place the times read from progress files (None: the same as ``now``, as in tests that
         drive cycles by hand). Returns (and publishes) the snapshot."""
+        snap = self._cycle(now, wall, build=True)
+        assert snap is not None
+        return snap
+
+    def _cycle(self, now: float, wall: float | None, *, build: bool) -> Snapshot | None:
+        """:meth:`cycle`. ``build`` False (the loop without ``on_cycle``): the snapshot is published
+        unbuilt, made when first read (serving/publish.py) - 10 cycles a second, a scrape every few
+        seconds; None is returned."""
         cfg = self.config
         self._wall = now if wall is None else wall
         self.cycle_no += 1
@@ -385,14 +398,16 @@ class Daemon:
                 now,
                 gpu=ch.gpu,
             )
-        statuses = self.gpus.statuses()
+        gpu_rows = self.gpus.status_inputs()
         health_before = self.node_health
         self._node_facts(now)
         due = self._last_process_s is None or now - self._last_process_s >= cfg.daemon.process_period_s - 1e-6
+        statuses = status_rows(gpu_rows) if due else None  # the rows, made each process period
         if due:
+            assert statuses is not None
             self._last_process_s = now
             self._jobs = self.observer.pods.attribute(self._detect(now, samples, statuses))
-        if self.actions is not None and due:
+        if self.actions is not None and statuses is not None:
             try:
                 self.actions.on_cycle(
                     Cycle(
@@ -429,8 +444,28 @@ class Daemon:
             # the signals' status changes with their facts (each process period) or the node's health:
             # asked then, not 10 times a second
             self._signal_status = self.observer.signals.status()
-        signal_status = dict(self._signal_status)
-        snap = Snapshot(
+        make = self._snapshot_maker(now, gpu_rows, statuses, action_counters, input_errors)
+        if not build:
+            self.snapshots.publish_lazy(self.cycle_no, make)
+            return None
+        snap = make()
+        self.snapshots.publish(snap)
+        if self.on_cycle is not None:
+            self.on_cycle(snap)
+        return snap
+
+    def _snapshot_maker(
+        self,
+        now: float,
+        gpu_rows: tuple[StatusInput, ...],
+        statuses: tuple[GpuStatus, ...] | None,
+        action_counters: dict[tuple[str, str], int],
+        input_errors: tuple[dict[str, Any], ...],
+    ) -> Callable[[], Snapshot]:
+        """What makes this cycle's snapshot: every value it holds taken now (none changes after), the
+        GPU rows and the Snapshot made by whoever calls it first (the loop, or a reader's thread)."""
+        cfg, signal_status = self.config, dict(self._signal_status or {})
+        fields: dict[str, Any] = dict(
             node=self.node,
             source=self.source.name,
             mode=self.mode,
@@ -438,7 +473,6 @@ class Daemon:
             cycle=self.cycle_no,
             time=now,
             period_s=cfg.daemon.period_s,
-            gpus=statuses,
             jobs=self._jobs,
             sample_duration_s=self._sample_duration_s,
             last_sample_time=self._last_sample_time,
@@ -460,10 +494,11 @@ class Daemon:
             node_health=self.node_health,
             clock_offset_s=(self._wall if self._wall is not None else now) - now,
         )
-        self.snapshots.publish(snap)
-        if self.on_cycle is not None:
-            self.on_cycle(snap)
-        return snap
+
+        def make() -> Snapshot:
+            return Snapshot(gpus=statuses if statuses is not None else status_rows(gpu_rows), **fields)
+
+        return make
 
     def _node_facts(self, now: float) -> None:
         """Every cycle, jobs or none: the node-level signals' facts (the node verdict); a change of the

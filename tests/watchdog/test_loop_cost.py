@@ -1,0 +1,79 @@
+"""Issue 30: what the daemon's 10 Hz loop does not do. The running loop publishes each cycle's
+snapshot unbuilt - made by its first reader, never for a cycle nobody reads - while a cycle driven by
+hand (tests, ``on_cycle``) still builds and returns it; the rows and the snapshot are the same either way."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_triage.daemon import loop
+from gpu_triage.daemon.config import load_config, override
+from gpu_triage.daemon.loop import Daemon
+from gpu_triage.model.snapshot import Snapshot
+from gpu_triage.telemetry.sim import SimSource
+
+
+def _config(tmp_path: Path, period_s: float = 0.1):
+    return override(
+        load_config(None, {}),
+        {"daemon.state_dir": str(tmp_path / "state"), "progress.dir": str(tmp_path / "progress"),
+         "daemon.period_s": period_s},
+        origin="test",
+    )  # fmt: skip
+
+
+def test_the_running_loop_builds_a_snapshot_only_for_the_cycles_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[int] = []
+
+    def counted(**fields: Any) -> Snapshot:
+        built.append(fields["cycle"])
+        return Snapshot(**fields)
+
+    monkeypatch.setattr(loop, "Snapshot", counted)
+    daemon = Daemon(_config(tmp_path), SimSource("reference-b300", gpus=4, start_s=0.0), serve_http=False)
+    daemon.start()
+    runner = threading.Thread(target=daemon.run_forever, daemon=True)
+    runner.start()
+    try:
+        first = daemon.snapshots.wait_for_cycle(5, timeout_s=30.0)
+        assert first is not None and len(first.gpus) == 4
+        deadline = time.monotonic() + 30.0
+        while (daemon.snapshots.latest_cycle or 0) < first.cycle + 12 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        latest = daemon.snapshots.latest()
+        assert latest is not None and latest.cycle >= first.cycle + 12
+        assert daemon.snapshots.latest() is latest  # built once, kept
+        assert built == [first.cycle, latest.cycle]  # the 12 and more cycles between: never built
+        assert latest.counters["cycles_total"] == latest.cycle and len(latest.gpus) == 4
+    finally:
+        daemon.stop()
+        runner.join(10)
+        daemon.close()
+
+
+def test_a_snapshot_built_late_holds_its_own_cycle_not_the_next(tmp_path: Path) -> None:
+    """An unbuilt cycle read after later cycles ran is the cycle it was: its GPU rows, its counters."""
+    source = SimSource("reference-b300", gpus=4, start_s=0.0)
+    daemon = Daemon(_config(tmp_path, 0.1), source, serve_http=False)
+    daemon.start()
+    try:
+        built = [daemon.cycle(100.0 + 0.1 * i) for i in range(3)]  # by hand: built at once
+        daemon._tick(build=False)  # the running loop's way
+        unbuilt = daemon.snapshots._latest
+        assert not isinstance(unbuilt, Snapshot) and daemon.snapshots.latest_cycle == 4
+        daemon.cycle(200.0)  # a later cycle changes every GPU's reading
+        late = unbuilt.get()
+        assert late.cycle == 4 and late.counters["cycles_total"] == 4.0 and len(late.gpus) == 4
+        later = daemon.snapshots.latest()
+        assert later is not None and later.cycle == 5
+        assert [g.energy_j for g in late.gpus] != [g.energy_j for g in later.gpus]
+        assert [g.energy_j for g in late.gpus] != [g.energy_j for g in built[-1].gpus]
+    finally:
+        daemon.close()
