@@ -110,6 +110,11 @@ class HealthBook:
     ) -> tuple[dict[str, Any], ...]:
         """What failed this cycle without stopping it (Snapshot.input_errors); a cycle with one that
         is not the users' own (a progress file) counts as degraded."""
+        if not (progress_errors or job_errors or persist_errors or signal_errors or self._actions_error):
+            if self._logged_job_errors:
+                self._logged_job_errors = {}
+            if store is None or not getattr(store, "memory_only", False):
+                return ()  # the usual cycle: nothing failed (10 times a second)
         out = list(progress_errors)
         job_errors = dict(job_errors)
         for job, error in sorted(job_errors.items()):

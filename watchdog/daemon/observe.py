@@ -70,6 +70,11 @@ class SignalSet:
         """Signals whose last ``node_facts`` raised or set a field it may not (name -> error)."""
         self.slow: dict[str, float] = {}
         """Signals whose last contribute took longer than CONTRIBUTE_DEADLINE_S (name -> seconds)."""
+        self._node_level = self._with_node_facts()
+
+    def _with_node_facts(self) -> frozenset[str]:
+        """The signals that have ``node_facts`` (asked every cycle: the others are not looked at)."""
+        return frozenset(n for n, s in self.signals.items() if getattr(s, "node_facts", None) is not None)
 
     def __getitem__(self, name: str) -> Signal:
         return self.signals[name]
@@ -128,6 +133,8 @@ class SignalSet:
         out: dict[str, object] = {}
         errors: dict[str, str] = {}
         for kind in self.kinds:
+            if kind.name not in self._node_level:
+                continue
             node_facts = getattr(self.signals[kind.name], "node_facts", None)
             if node_facts is None:
                 continue
@@ -165,6 +172,7 @@ class SignalSet:
             settings = getattr(new, kind.section)
             if settings != getattr(old, kind.section):
                 self.signals[kind.name] = self.signals[kind.name].reload(settings, self.env)
+        self._node_level = self._with_node_facts()
 
     def close(self) -> None:
         for kind in self.kinds:

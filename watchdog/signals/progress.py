@@ -20,6 +20,7 @@ detector may want to keep its last word.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -123,6 +124,8 @@ class _Cached:
     """The record as written (wall-clock times); ``record`` holds them placed on the daemon's timeline."""
     record_uid: int | None = None
     """The owner of the file ``record`` was read from (kept when a tampered path keeps its record)."""
+    dir_name: str = ""
+    """Its job directory's name."""
 
 
 def _bounded(errors: list[FileError], limit: int = 64) -> list[FileError]:
@@ -133,6 +136,7 @@ def _bounded(errors: list[FileError], limit: int = 64) -> list[FileError]:
     return [*errors[:limit], FileError(Path("..."), f"{len(errors) - limit} more errors not listed")]
 
 
+@functools.lru_cache(maxsize=MAX_FILES_PER_JOB)  # the same few names every cycle
 def _rank_of(name: str) -> int | str | None:
     """The rank a ``rank-<n>.json`` name is for; None for other names (writers' temp files); a string
     (why) for a name that looks like a rank file but is not the canonical one: ``rank-00.json`` would
@@ -235,7 +239,7 @@ class ProgressReader:
                 alive = exists[record.pid]
             reason = stale_reason(record, now_s, pid_alive=alive, stale_after_s=self.stale_after_s)
             if reason is None:
-                live_dirs.add(path.parent.name)
+                live_dirs.add(cached.dir_name)
             view = RankProgress(
                 record,
                 path,
@@ -308,7 +312,7 @@ class ProgressReader:
                     cached = self._load(path, entry, job_dir.name, rank, dir_uid)
                 except Exception as e:  # one file never blinds the others (bug or hostile bytes)
                     cached = _Cached((0, 0, 0), None, f"unreadable: {type(e).__name__}: {e}"[:300])
-                cached.dir_uid = dir_uid
+                cached.dir_uid, cached.dir_name = dir_uid, job_dir.name
                 seen[path] = cached
         return seen
 
