@@ -444,3 +444,40 @@ def test_proc_stat_is_read_past_a_hostile_command_name(spawn: Spawn, tmp_path: P
         procfs.read_stat(p.pid)
     with pytest.raises(procfs.Gone):
         procfs.read_io(p.pid)
+
+
+def test_pid_exists_is_psutils_answer_and_asks_psutil_once_per_process(
+    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The progress reader asks whether each file's pid exists every process period: a thread's id is
+    no process, a gone pid none; psutil's thread-group check runs once per process, not every time."""
+    import threading
+
+    from gpu_triage.signals import procfs
+
+    p = spawn([sys.executable, "-c", SLEEP], {})
+    wait_for_exec(p)
+    asked: list[int] = []
+    real = psutil.pid_exists
+
+    def counted(pid: int) -> bool:
+        asked.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(psutil, "pid_exists", counted)
+    monkeypatch.setattr(procfs, "_leaders", {})
+    assert all(procfs.pid_exists(p.pid) for _ in range(5)) and asked == [p.pid]
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert thread.native_id is not None and thread.native_id != os.getpid()
+        assert not procfs.pid_exists(thread.native_id) and not procfs.pid_exists(thread.native_id)
+    finally:
+        stop.set()
+        thread.join()
+    procfs._leaders[p.pid] -= 1  # the pid now names a process started at another time: asked again
+    assert procfs.pid_exists(p.pid) and asked.count(p.pid) == 2
+    p.kill()
+    p.wait()
+    assert not procfs.pid_exists(p.pid)

@@ -120,4 +120,32 @@ def read_io(pid: int) -> tuple[int, int, int, int] | None:
         return None
 
 
-__all__ = ["AVAILABLE", "Denied", "Gone", "ProcStat", "read_io", "read_stat"]
+_LEADERS_MAX = 4096
+_leaders: dict[int, int] = {}
+"""pid -> the start time of the process psutil last found leading its thread group under that pid."""
+
+
+def pid_exists(pid: int) -> bool:
+    """``psutil.pid_exists`` (a process, not a thread's id), for a pid asked about again and again (the
+    progress reader, each file each process period): one read of ``stat``; psutil's check of the
+    thread group (``status``, a larger file) only the first time a pid shows a start time - a process
+    that leads its group keeps leading it until it exits, and a pid reused is a new start time."""
+    if pid <= 0 or not AVAILABLE:
+        return bool(psutil.pid_exists(pid))
+    try:
+        started = read_stat(pid).start_ticks
+    except Gone:
+        return False
+    except Denied:
+        return bool(psutil.pid_exists(pid))
+    if _leaders.get(pid) == started:
+        return True
+    exists = bool(psutil.pid_exists(pid))
+    if exists:
+        if len(_leaders) >= _LEADERS_MAX:
+            _leaders.clear()
+        _leaders[pid] = started
+    return exists
+
+
+__all__ = ["AVAILABLE", "Denied", "Gone", "ProcStat", "pid_exists", "read_io", "read_stat"]

@@ -30,13 +30,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from gpu_triage.contract import MAX_FILE_BYTES, STALE_AFTER_S
 from gpu_triage.model.clock import wall_to_timeline
 from gpu_triage.model.config_checks import number, path_value
 from gpu_triage.model.config_schema import setting
 from gpu_triage.model.names import job_name_problem, printable
+from gpu_triage.signals import procfs
 from gpu_triage.signals.progress_model import (
     MAX_RANK,
     JobProgress,
@@ -161,7 +160,7 @@ class ProgressReader:
         directory: Path,
         *,
         stale_after_s: float = STALE_AFTER_S,
-        pid_exists: Callable[[int], bool] = psutil.pid_exists,
+        pid_exists: Callable[[int], bool] = procfs.pid_exists,
         host: str | None = None,
     ) -> None:
         """``pid_exists`` is consulted for files whose ``host`` is this node (``host``, default the
