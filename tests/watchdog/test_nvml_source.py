@@ -255,6 +255,23 @@ def test_close_shuts_nvml_down_and_is_idempotent() -> None:
         source.sample(0.0)
 
 
+def test_compute_processes_are_listed_once_per_process_period_not_per_sample(opened) -> None:
+    """The daemon reads the pids each process period (1 s) while it samples at 10 Hz: the process list
+    (a walk of the driver's process table) is asked once per interval, its pids repeated between."""
+    fake = fake_nvml.basic(2)
+    fake.boards[0].pids, fake.boards[1].pids = (), (4242,)
+    source = open_source(opened, fake, pids_interval_s=60.0)
+    for t in range(10):
+        samples = source.sample(float(t))
+        assert [s.pids for s in samples] == [(), (4242,)]
+    assert fake.calls_to("nvmlDeviceGetComputeRunningProcesses", 1) == 1
+    assert fake.calls_to("nvmlDeviceGetPowerUsage", 1) == 10  # every sample reads the power
+    fresh = open_source(opened, fake_nvml.basic(1), pids_interval_s=0.0)
+    for t in range(3):
+        fresh.sample(float(t))
+    assert fresh.binding.calls_to("nvmlDeviceGetComputeRunningProcesses", 0) == 3
+
+
 def test_pcie_is_read_at_most_once_per_interval(opened) -> None:
     fake = fake_nvml.basic(1)
     source = open_source(opened, fake, pcie_interval_s=60.0)

@@ -114,7 +114,12 @@ def build_daemon(
 
     configure_logging(config.daemon.log_level, config.daemon.log_format, stream=sys.stderr)
     raise_nofile()
-    source = make_source(config.daemon.source, deadline_s=config.daemon.nvml_deadline_s, log=log)
+    source = make_source(
+        config.daemon.source,
+        deadline_s=config.daemon.nvml_deadline_s,
+        pids_interval_s=config.daemon.process_period_s,  # the processes are read each process period
+        log=log,
+    )
     if sim_start_s is not None and hasattr(source, "start_s"):
         source.start_s = sim_start_s
     if sim_job is not None:

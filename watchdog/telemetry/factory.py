@@ -42,6 +42,7 @@ def make_source(
     spec: str,
     *,
     deadline_s: float = 0.5,
+    pids_interval_s: float = 1.0,
     sim_scenario: Scenario | str | Path | None = None,
     sim_gpus: int | None = None,
     sim_seed: int = 0,
@@ -49,7 +50,8 @@ def make_source(
 ) -> TelemetrySource:
     """The source ``spec`` names (see the module docstring for the forms).
 
-    ``deadline_s`` bounds every NVML call. ``sim_scenario`` is used by a bare ``sim`` (a ``sim:NAME``
+    ``deadline_s`` bounds every NVML call; ``pids_interval_s``: how often NVML lists each GPU's
+    processes (the daemon's process period). ``sim_scenario`` is used by a bare ``sim`` (a ``sim:NAME``
     spec takes precedence); ``sim_gpus``/``sim_seed`` shape the simulation. Raises ValueError for a
     malformed spec and TelemetryUnavailable when the named source cannot start (``auto`` never
     raises for a missing NVML: it falls back to ``none`` and logs a warning on ``log``).
@@ -66,14 +68,14 @@ def make_source(
     if kind == "nvml":
         from gpu_triage.telemetry.nvml import NvmlSource
 
-        return NvmlSource(deadline_s=deadline_s)
+        return NvmlSource(deadline_s=deadline_s, pids_interval_s=pids_interval_s)
     if kind == "none":
         return NoneSource()
     if kind == "auto":
         from gpu_triage.telemetry.nvml import NvmlSource
 
         try:
-            return NvmlSource(deadline_s=deadline_s)
+            return NvmlSource(deadline_s=deadline_s, pids_interval_s=pids_interval_s)
         except TelemetryUnavailable as exc:
             log.warning(
                 "no NVIDIA management library (%s): running with --source none, without GPU telemetry "

@@ -22,7 +22,8 @@ GpuSample field                      NVML call                   conversion
 ``power_limit_w``                    GetEnforcedPowerLimit       mW -> W
 ``nvlink_tx/rx_bytes``               fields 138/139, all links   KiB -> bytes (counters)
 ``pcie_tx/rx_bytes_per_s``           GetPcieThroughput           KB/s -> bytes/s (x1024)
-``pids``                             GetComputeRunningProcesses  pids
+``pids``                             GetComputeRunningProcesses  pids (listed at most every
+                                                                 ``pids_interval_s``, 1 s)
 ===================================  ==========================  =====================================
 
 Failures are data, never exceptions out of :meth:`NvmlSource.sample`:
@@ -125,6 +126,9 @@ class _Board:
     pcie_read_at: float = -1e18
     pcie_tx_bytes_per_s: float | None = None
     pcie_rx_bytes_per_s: float | None = None
+    pids_read_at: float = -1e18
+    pids: tuple[int, ...] | None = None
+    """The compute processes last read (None: the read failed)."""
 
 
 class NvmlSource:
@@ -146,10 +150,14 @@ class NvmlSource:
         backoff_s: float = 5.0,
         max_backoff_s: float = 300.0,
         pcie_interval_s: float = 1.0,
+        pids_interval_s: float = 1.0,
     ) -> None:
         self._nvml = _import_pynvml() if nvml is None else nvml
         self.deadline_s = float(deadline_s)
         self.pcie_interval_s = float(pcie_interval_s)
+        self.pids_interval_s = float(pids_interval_s)
+        """How often each GPU's compute processes are listed (the daemon's process period: only the
+        process work reads them); between lists the last one is repeated."""
         self._ex = DeadlineExecutor(deadline_s, backoff_s=backoff_s, max_backoff_s=max_backoff_s, name="nvml")
         self._closed = False
         self._close_lock = threading.Lock()
@@ -286,7 +294,7 @@ class NvmlSource:
         sm_clock = optional("sm_clock", nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
         temperature = optional("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
         limit_mw = optional("power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, handle)
-        procs = optional("processes", nv.nvmlDeviceGetComputeRunningProcesses, handle)
+        pids = self._read_pids(board, optional)
         fields = self._read_fields(board, errors)
         pcie_tx, pcie_rx = self._read_pcie(board, errors)
         info = board.info
@@ -306,7 +314,7 @@ class NvmlSource:
             nvlink_rx_bytes=fields.get("nvlink_rx"),
             pcie_tx_bytes_per_s=pcie_tx,
             pcie_rx_bytes_per_s=pcie_rx,
-            pids=tuple(int(p.pid) for p in procs) if procs is not None else (),
+            pids=pids,
             uuid=info.uuid,
             name=info.name,
             pci_bus_id=info.pci_bus_id,
@@ -386,6 +394,16 @@ class NvmlSource:
         else:
             bad = next(c for c in failed if c != nv.NVML_ERROR_NOT_SUPPORTED)
             errors.append(f"nvlink: {_error_name(nv, nv.NVMLError(bad))}")
+
+    def _read_pids(self, board: _Board, optional: Any) -> tuple[int, ...]:
+        """The GPU's compute processes, listed at most every ``pids_interval_s`` (the call walks the
+        driver's process table; the daemon reads the pids once per process period, not per sample)."""
+        now = time.monotonic()
+        if now - board.pids_read_at >= self.pids_interval_s or board.pids is None:
+            board.pids_read_at = now
+            procs = optional("processes", self._nvml.nvmlDeviceGetComputeRunningProcesses, board.handle)
+            board.pids = tuple(int(p.pid) for p in procs) if procs is not None else None
+        return board.pids or ()
 
     def _read_pcie(self, board: _Board, errors: list[str]) -> tuple[float | None, float | None]:
         nv = self._nvml
