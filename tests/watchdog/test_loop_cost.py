@@ -77,3 +77,25 @@ def test_a_snapshot_built_late_holds_its_own_cycle_not_the_next(tmp_path: Path) 
         assert [g.energy_j for g in late.gpus] != [g.energy_j for g in built[-1].gpus]
     finally:
         daemon.close()
+
+
+def test_stop_wakes_the_sleeping_loop_at_once(tmp_path: Path) -> None:
+    """The loop sleeps on a lock until its next deadline; stop() from any thread ends the sleep, even
+    a long one (here a 60 s period), and a second stop() is harmless."""
+    daemon = Daemon(
+        _config(tmp_path, 60.0), SimSource("reference-b300", gpus=2, start_s=0.0), serve_http=False
+    )
+    daemon.start()
+    runner = threading.Thread(target=daemon.run_forever, daemon=True)
+    runner.start()
+    try:
+        assert daemon.snapshots.wait_for_cycle(1, timeout_s=30.0) is not None
+        time.sleep(0.2)  # asleep now, 60 s from its next cycle
+        t0 = time.monotonic()
+        daemon.stop()
+        runner.join(10)
+        assert not runner.is_alive() and time.monotonic() - t0 < 5.0
+        daemon.stop()
+    finally:
+        daemon.stop()
+        daemon.close()

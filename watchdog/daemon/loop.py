@@ -19,6 +19,7 @@ the signal handlers, ``summary`` writes the foreground line. None of them import
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import sys
@@ -127,6 +128,9 @@ class Daemon:
         self.actions = actions
         self.cycle_no = 0
         self._stop = threading.Event()
+        self._wake = threading.Lock()
+        """Held while the loop may sleep; :meth:`stop` releases it (the loop sleeps in ``acquire``)."""
+        self._wake.acquire()
         self._reload = threading.Event()
         self._last_process_s: float | None = None
         self._jobs: tuple[JobStatus, ...] = ()
@@ -224,6 +228,8 @@ class Daemon:
 
     def stop(self) -> None:
         self._stop.set()
+        with contextlib.suppress(RuntimeError):  # already released: stopped before
+            self._wake.release()
 
     def request_reload(self) -> None:
         self._reload.set()
@@ -315,7 +321,10 @@ class Daemon:
                 self.stats.missed += missed
                 self.stats.worst_lateness_s = max(self.stats.worst_lateness_s, lateness)
                 next_tick += missed * period
-            self._stop.wait(max(0.0, next_tick - self.monotonic()))
+            # Asleep until the next deadline or stop(): a lock's timed acquire is one call where an
+            # Event's wait builds a condition each time (~0.02 % of a core at 10 Hz, issue 30).
+            if self._wake.acquire(timeout=max(0.0, next_tick - self.monotonic())):
+                self._wake.release()  # stopped: every later sleep returns at once
 
     def tick(self) -> Snapshot | None:
         """One cycle of the loop at the clock's time: a clock step is noticed (and moves nothing), then
