@@ -142,8 +142,12 @@ class PodResolver:
             del self._by_pid[gone]
         out = []
         for job in jobs:
-            ranks = tuple(
-                dataclasses.replace(r, pod=self.pod_of(r.pid)) if r.pid is not None else r for r in job.ranks
-            )
-            out.append(dataclasses.replace(job, ranks=ranks) if ranks != job.ranks else job)
+            changed = False
+            ranks = []
+            for r in job.ranks:
+                pod = self.pod_of(r.pid) if r.pid is not None else r.pod
+                if pod != r.pod:  # outside Kubernetes nothing changes: no copy, no comparison of ranks
+                    r, changed = dataclasses.replace(r, pod=pod), True
+                ranks.append(r)
+            out.append(dataclasses.replace(job, ranks=tuple(ranks)) if changed else job)
         return tuple(out)
