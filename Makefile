@@ -66,8 +66,9 @@ demo: $(FULL_STAMP)
 TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
+# --durations=30: every run (and CI's log) lists its 30 slowest tests, to keep an eye on them.
 test: $(FULL_STAMP)
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 # The whole suite once, writing each test's seconds to tests/durations.json (the longest-first order).
 durations: $(FULL_STAMP)
