@@ -11,7 +11,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import NamedTuple
 
 from gpu_triage.classify.hysteresis import GpuClassifier
 from gpu_triage.classify.power_table import PowerTable
@@ -41,46 +40,39 @@ class StateChange:
     utilization_ratio: float | None
 
 
-class StatusInput(NamedTuple):
-    """One GPU's status row before it is made (:meth:`GpuTracker.status_inputs`)."""
-
-    sample: GpuSample
-    model: str
-    power_limit_w: float | None
-    state: GpuState
-    since_s: float | None
-    read_errors_total: int
-    impossible_limits_total: int
-    compute_floor_w: float | None
-    spin_ceiling_w: float | None
+StatusInput = tuple[
+    GpuSample, str, "float | None", GpuState, "float | None", int, int, "float | None", "float | None"
+]
+"""One GPU's status row before it is made (:meth:`GpuTracker.status_inputs`): the last sample, the
+table's model, the power limit, the state and since when, the read errors, the impossible limits, the
+compute floor and the spin ceiling (a plain tuple: 16 of them 10 times a second)."""
 
 
 def status_rows(inputs: Sequence[StatusInput]) -> tuple[GpuStatus, ...]:
     """The snapshot's GPU rows (built positionally, in GpuStatus's field order; the tests read every
     field by name). Pure: any thread may make them from the values the loop took."""
     out = []
-    for i in inputs:
-        s = i.sample
+    for s, model, limit_w, state, since_s, read_errors, impossible, floor_w, ceiling_w in inputs:
         ok = s.error is None
         out.append(
             GpuStatus(
                 s.gpu,
                 s.uuid,
                 s.name,
-                i.model,
+                model,
                 s.power_w if ok else None,
-                i.power_limit_w,
+                limit_w,  # power_limit_w
                 s.utilization_ratio if ok else None,
                 s.memory_used_bytes if ok else None,
-                i.state,
-                i.since_s,  # state_since
+                state,
+                since_s,  # state_since
                 s.energy_j if ok else None,
                 s.temperature_c if ok else None,
                 s.sm_clock_mhz if ok else None,
-                i.read_errors_total,
-                i.impossible_limits_total,  # impossible_power_limits_total
-                i.compute_floor_w,
-                i.spin_ceiling_w,
+                read_errors,  # read_errors_total
+                impossible,  # impossible_power_limits_total
+                floor_w,  # compute_floor_w
+                ceiling_w,  # spin_ceiling_w
                 s.pci_bus_id,
             )
         )
@@ -142,7 +134,8 @@ class GpuTracker:
                 table = self._table_for(s)
                 gpu = _Gpu(table, GpuClassifier(table))
                 self._gpus[s.gpu] = gpu
-            gpu.impossible_limits_total += impossible
+            if impossible:
+                gpu.impossible_limits_total += 1
             limit = s.power_limit_w or gpu.table.power_limit_w
             if s.error is not None or s.power_w is None or not limit:
                 frac = math.nan
@@ -187,20 +180,9 @@ class GpuTracker:
                     _edge(t.table, GpuState.COMPUTE, "power_min", limit),
                     _edge(t.table, GpuState.CHECKPOINT_OR_DEADLOCK, "power_max", limit),
                 )
-            c = t.classifier
-            out.append(
-                StatusInput(
-                    s,
-                    t.table.model,
-                    limit,
-                    c.state,
-                    c.since_s,
-                    t.read_errors_total,
-                    t.impossible_limits_total,
-                    t.edges[1],
-                    t.edges[2],
-                )
-            )
+            c, (_, floor_w, ceiling_w) = t.classifier, t.edges
+            errors = (t.read_errors_total, t.impossible_limits_total)
+            out.append((s, t.table.model, limit, c.state, c.since_s, *errors, floor_w, ceiling_w))
         return tuple(out)
 
     def statuses(self) -> tuple[GpuStatus, ...]:
