@@ -16,6 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_triage.signals.processes import ProcessInspector
 from gpu_triage.signals.ranks import (
@@ -481,3 +483,24 @@ def test_pid_exists_is_psutils_answer_and_asks_psutil_once_per_process(
     p.kill()
     p.wait()
     assert not procfs.pid_exists(p.pid)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    comm=st.binary(max_size=64).filter(lambda b: b"\0" not in b),
+    state=st.sampled_from(["R", "S", "D", "Z", "T", "I", "?"]),
+    numbers=st.lists(st.integers(0, 2**62), min_size=4, max_size=4),
+)
+def test_a_stat_line_parses_whatever_the_command_name(comm: bytes, state: str, numbers: list[int]) -> None:
+    """The command name in /proc/<pid>/stat is the program's choice: no bytes in it move a field."""
+    from gpu_triage.signals import procfs
+
+    pgid, utime, stime, started = numbers
+    rest = [1, pgid, 7, *[0] * 7, utime, stime, *[0] * 6, started, 123, 456]
+    line = b"%d (%s) %s " % (4242, comm, state.encode()) + b" ".join(b"%d" % n for n in rest) + b"\n"
+    got = procfs.parse_stat(line)
+    assert got is not None
+    assert (got.pgid, got.start_ticks) == (pgid, started)
+    assert got.cpu_time_s == utime / procfs.CLOCK_TICKS + stime / procfs.CLOCK_TICKS
+    assert got.status == procfs.STATUSES.get(state, "?")
+    assert procfs.parse_stat(b"4242 (" + comm + b")") is None  # cut short: not that format

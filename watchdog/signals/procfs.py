@@ -85,16 +85,24 @@ def read_stat(pid: int, start_ticks: int | None = None) -> ProcStat:
         if e.errno in _GONE:
             raise Gone(pid) from None
         raise Denied(f"{pid}: {e.strerror}") from None
-    # "pid (comm) S ppid pgrp ...": the command name may hold spaces and parentheses, so the fields
-    # are counted from the last ")".
+    st = parse_stat(data)
+    if st is None:
+        raise Denied(f"{pid}: unexpected stat format")
+    if start_ticks is not None and st.start_ticks != start_ticks:
+        raise Gone(pid)
+    return st
+
+
+def parse_stat(data: bytes) -> ProcStat | None:
+    """The fields of one ``stat`` text (None: not that format). ``pid (comm) S ppid pgrp ...``: the
+    command name is the program's own (any byte but NUL, spaces and parentheses included), so the
+    fields are counted from the last ``)``."""
     fields = data[data.rfind(b")") + 2 :].split()
     try:
         state = fields[0].decode("ascii", "replace")
         pgid, utime, stime, started = int(fields[2]), int(fields[11]), int(fields[12]), int(fields[19])
     except (IndexError, ValueError):
-        raise Denied(f"{pid}: unexpected stat format") from None
-    if start_ticks is not None and started != start_ticks:
-        raise Gone(pid)
+        return None
     return ProcStat(STATUSES.get(state, "?"), utime / CLOCK_TICKS + stime / CLOCK_TICKS, pgid, started)
 
 
@@ -148,4 +156,4 @@ def pid_exists(pid: int) -> bool:
     return exists
 
 
-__all__ = ["AVAILABLE", "Denied", "Gone", "ProcStat", "pid_exists", "read_io", "read_stat"]
+__all__ = ["AVAILABLE", "Denied", "Gone", "ProcStat", "parse_stat", "pid_exists", "read_io", "read_stat"]
