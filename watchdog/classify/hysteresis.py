@@ -40,6 +40,7 @@ from gpu_triage.classify.bands import CODE, UNKNOWN_CODE, raw_state, raw_states,
 from gpu_triage.classify.power_table import Box, PowerTable
 from gpu_triage.model.states import GPU_STATES, GpuState
 
+_FIRST_BLOCK = 64
 _EMPTY_F = np.empty(0, dtype=np.float64)
 _EMPTY_I = np.empty(0, dtype=np.int8)
 
@@ -161,7 +162,7 @@ def _first_change(
     """The first sample index (from ``others[i:]``) at which a candidate state wins its vote over its
     dwell window: examined in blocks growing fourfold, so a long steady run costs a few array passes.
     -1 when none does."""
-    block = 64
+    block = _FIRST_BLOCK
     while i < len(others):
         ks = others[i : i + block]
         vals = cand[ks]
