@@ -42,11 +42,12 @@ _COMMA, _NEWLINE, _SPACE, _DOT = 44, 10, 32, 46
 class DirectColumns:
     """The decoded columns of one block: ``values`` per attribute, ``time_s``, ``index`` (or None)."""
 
-    __slots__ = ("index", "time_s", "values")
+    __slots__ = ("index", "rows", "time_s", "values")
 
     def __init__(
-        self, values: dict[str, np.ndarray], time_s: np.ndarray | None, index: np.ndarray | None
+        self, rows: int, values: dict[str, np.ndarray], time_s: np.ndarray | None, index: np.ndarray | None
     ) -> None:
+        self.rows = rows
         self.values = values
         self.time_s = time_s
         self.index = index
@@ -82,9 +83,11 @@ def parse_direct(raw: np.ndarray, buffer: Any, rows: int, layout: Layout) -> Dir
         )
         if end <= begin:  # one line longer than a piece
             end = len(raw)
-        count = rows - row if end == len(raw) else buffer.count(b"\n", begin, end)
-        piece = _parse_piece(raw[begin:end], count, layout)
+        piece = _parse_piece(raw[begin:end], rows - row if end == len(raw) else -1, layout)
         if piece is None:
+            return None
+        count = piece.rows
+        if row + count > rows:
             return None
         for attribute, array in piece.values.items():
             values[attribute][row : row + count] = array
@@ -93,13 +96,17 @@ def parse_direct(raw: np.ndarray, buffer: Any, rows: int, layout: Layout) -> Dir
         if index is not None:
             index[row : row + count] = piece.index
         begin, row = end, row + count
-    return DirectColumns(values, time_s, index) if row == rows else None
+    return DirectColumns(rows, values, time_s, index) if row == rows else None
 
 
 def _parse_piece(raw: np.ndarray, rows: int, layout: Layout) -> DirectColumns | None:
-    """:func:`parse_direct` of one piece (``rows`` complete lines)."""
+    """:func:`parse_direct` of one piece of complete lines (``rows`` of them; -1: count them)."""
     ncols = layout.ncols
-    seps = np.flatnonzero((raw == _COMMA) | (raw == _NEWLINE))
+    newline = raw == _NEWLINE
+    if rows < 0:
+        rows = int(np.count_nonzero(newline))
+    seps = np.flatnonzero(newline | (raw == _COMMA))
+    del newline
     if rows == 0 or len(seps) != rows * ncols:
         return None
     seps = seps.reshape(rows, ncols)
@@ -139,7 +146,7 @@ def _parse_piece(raw: np.ndarray, rows: int, layout: Layout) -> DirectColumns | 
         if found is None or not (found < MAX_GPUS).all():
             return None
         index = found.astype(np.int32)
-    return DirectColumns(values, time_s, index)
+    return DirectColumns(rows, values, time_s, index)
 
 
 _ZEROS = np.uint64(0x3030303030303030)  # "00000000"

@@ -21,7 +21,7 @@ from gpu_triage.classify.bands import CODE
 from gpu_triage.classify.hysteresis import Carry, classify_series
 from gpu_triage.classify.power_table import PowerTable, TableError
 from gpu_triage.classify.table_files import match_model, resolve_table
-from gpu_triage.model.limits import power_limit_problem
+from gpu_triage.model.limits import MAX_GPUS, power_limit_problem
 from gpu_triage.model.states import GPU_STATES, GpuState
 from gpu_triage.recordings.nvsmi_csv import NvsmiCsvReader, RecordingError, RecordingHeader
 from gpu_triage.recordings.read_ahead import read_ahead
@@ -36,6 +36,8 @@ baseline)."""
 #: Points kept per GPU for the plot (evenly thinned).
 PLOT_POINTS_PER_GPU = 6000
 _HEAD_INTERVALS = 2000
+#: GPU indices as sort keys: numpy sorts 16-bit keys by radix, 2-3x faster than int32 ones.
+_GPU_KEY = np.int16 if np.iinfo(np.int16).max >= MAX_GPUS else np.int32
 
 
 class TriageInputError(ValueError):
@@ -222,7 +224,7 @@ def triage_file(
         if t0 is None:
             t0 = float(np.nanmin(chunk.time_s))
         total += n
-        order = np.argsort(chunk.gpu, kind="stable")
+        order = np.argsort(chunk.gpu.astype(_GPU_KEY), kind="stable")
         gpu_sorted = chunk.gpu[order]
         bounds = np.searchsorted(gpu_sorted, np.arange(n_gpus + 1))
         t_all = chunk.time_s[order] - t0
