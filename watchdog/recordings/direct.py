@@ -91,9 +91,9 @@ def parse_direct(raw: np.ndarray, buffer: Any, rows: int, layout: Layout) -> Dir
             return None
         for attribute, array in piece.values.items():
             values[attribute][row : row + count] = array
-        if time_s is not None:
+        if time_s is not None and piece.time_s is not None:
             time_s[row : row + count] = piece.time_s
-        if index is not None:
+        if index is not None and piece.index is not None:
             index[row : row + count] = piece.index
         begin, row = end, row + count
     return DirectColumns(rows, values, time_s, index) if row == rows else None
@@ -105,11 +105,11 @@ def _parse_piece(raw: np.ndarray, rows: int, layout: Layout) -> DirectColumns | 
     newline = raw == _NEWLINE
     if rows < 0:
         rows = int(np.count_nonzero(newline))
-    seps = np.flatnonzero(newline | (raw == _COMMA))
+    found = np.flatnonzero(newline | (raw == _COMMA))
     del newline
-    if rows == 0 or len(seps) != rows * ncols:
+    if rows == 0 or len(found) != rows * ncols:
         return None
-    seps = seps.reshape(rows, ncols)
+    seps = found.reshape(rows, ncols)
     if not (raw[seps[:, -1]] == _NEWLINE).all():
         return None  # `rows` newlines in all, each closing a row: the other separators are commas
     words = (
@@ -142,10 +142,10 @@ def _parse_piece(raw: np.ndarray, rows: int, layout: Layout) -> DirectColumns | 
             return None
     if layout.index is not None:
         start, end = field(layout.index)
-        found = _numbers(raw, words, start, end, b"", integer=True)
-        if found is None or not (found < MAX_GPUS).all():
+        board = _numbers(raw, words, start, end, b"", integer=True)
+        if board is None or not (board < MAX_GPUS).all():
             return None
-        index = found.astype(np.int32)
+        index = board.astype(np.int32)
     return DirectColumns(rows, values, time_s, index)
 
 
