@@ -54,10 +54,12 @@ class DirectColumns:
 
 
 def usable(layout: Layout, extra: bool) -> bool:
-    """Whether blocks of ``layout`` may take this path: not for the header probe (``extra``: it also
-    reads names and labels as strings), not for a uuid/bus id column that names the GPUs, and not for
-    one-column files (a blank-looking line there is a value)."""
-    return not extra and layout.ncols >= 2 and (layout.label is None or layout.index is not None)
+    """Whether blocks of ``layout`` may take this path: not where a row's GPU is its uuid/bus id
+    (those stay strings), not for the header probe (``extra``) of a file with a ``name`` or uuid/bus
+    id column (read as strings too), and not for one-column files (a blank-looking line there is a
+    value)."""
+    strings = layout.label is not None and (extra or layout.index is None)
+    return layout.ncols >= 2 and not strings and not (extra and layout.name is not None)
 
 
 #: Bytes decoded at a time: the arrays of a piece this size stay in the CPU's caches (measured on

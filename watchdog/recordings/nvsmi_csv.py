@@ -129,6 +129,11 @@ class NvsmiCsvReader:
         self._layout, self._data_start, self._first_line = found.layout, found.data_start, found.first_line
         self._parser = BlockParser(self.path, self._layout, found.header_bytes, self._warn)
         self._gpu: GpuAssignment
+        self.head: tuple[np.ndarray, np.ndarray]
+        """(board index, time) of the first rows: the first block of :data:`PROBE_BYTES` that has rows,
+        as the first chunk of ``chunks()`` with ``chunk_bytes=PROBE_BYTES`` gives them - unless rows
+        are GPUs by :attr:`position` and fewer than ``gpus - 1`` rows follow that block in the file
+        (then that chunk may lack a cut last snapshot: see :meth:`chunks`)."""
         self.header = self._probe()
 
     def _blocks(self, chunk_bytes: int, extra: bool) -> Generator[tuple[Block, int], None, None]:
@@ -174,6 +179,10 @@ class NvsmiCsvReader:
                 f"interval_s={self.interval_s:g} s apart"
             )
         gpu = self._gpu.assign(probe, 0)
+        time_s = probe.time_s
+        if time_s is None:
+            time_s = (np.arange(len(probe), dtype=np.int64) // gpus) * self.interval_s
+        self.head = (gpu, time_s)
         gpu_names = None
         if probe.names is not None:
             names = probe.names.to_pylist()
@@ -200,6 +209,11 @@ class NvsmiCsvReader:
         )
 
     # ------------------------------------------------------------------ public
+    @property
+    def positional(self) -> bool:
+        """Whether a row's GPU is its position in its snapshot (no index or uuid/bus id column)."""
+        return self._layout.index is None and self._gpu.labels is None and self.header.gpus > 1
+
     def chunks(self, progress: Callable[[int], None] | None = None) -> Iterator[Chunk]:
         """Yield the recording as chunks of about ``chunk_bytes``; ``progress(end_offset)`` is called
         after each (the file size is ``header.size_bytes``). Raises :class:`RecordingError`.
@@ -209,7 +223,7 @@ class NvsmiCsvReader:
         (:attr:`dropped_rows` counts its rows): its rows would otherwise end some GPUs' series one
         sample later than the others'."""
         gpus = self.header.gpus
-        positional = self._layout.index is None and self._gpu.labels is None and gpus > 1
+        positional = self.positional
         position = 0
         held: list[tuple[Chunk, int]] = []  # positional: the last gpus - 1 rows, until the end is known
         held_rows = 0
