@@ -24,8 +24,10 @@ How it is read, one concern per module (each readable alone):
 * :mod:`~gpu_triage.recordings.layout` - the header line, the column layout and units;
 * :mod:`~gpu_triage.recordings.blocks` - blocks of complete lines read into one reused buffer, the
   file line of each row, the truncated-last-line rule, the line-by-line scan of the error path;
-* :mod:`~gpu_triage.recordings.parse` - one block through ``pyarrow.csv`` into arrays (fast path,
-  slow path, the column thread pool);
+* :mod:`~gpu_triage.recordings.parse` - one block into arrays: first
+  :mod:`~gpu_triage.recordings.direct` (the bytes decoded with numpy: separators, numbers and
+  timestamps, no strings), and for a block it does not vouch for ``pyarrow.csv`` (fast path, slow
+  path, the column thread pool), which gives the same arrays or names the bad line and field;
 * :mod:`~gpu_triage.recordings.cells` - one column of cells into numbers, timestamps or GPU indices;
 * :mod:`~gpu_triage.recordings.gpu_assign` (with :mod:`~gpu_triage.recordings.gpu_count`) - the GPU
   count and each row's board index;
@@ -33,7 +35,8 @@ How it is read, one concern per module (each readable alone):
   :class:`Chunk`); :mod:`~gpu_triage.recordings.errors` - :class:`RecordingError` and its warning.
 
 This module puts them together: :class:`NvsmiCsvReader` reads the header, probes the first ~1 MiB for
-the header facts, then yields chunks. No Python code runs per row or per cell. Line numbers stay exact
+the header facts (and keeps those rows' GPUs and times: :attr:`NvsmiCsvReader.head`), then yields
+chunks. No Python code runs per row or per cell. Line numbers stay exact
 across blocks: each block knows the line number of its first line and the file position of its first
 row, so ``line`` and the GPU position carry over chunk boundaries.
 """

@@ -1,6 +1,8 @@
-"""One block of complete lines -> a :class:`Block` of arrays, through ``pyarrow.csv``.
+"""One block of complete lines -> a :class:`Block` of arrays: directly, else through ``pyarrow.csv``.
 
-The fast path: ``pyarrow.csv`` reads the block with every wanted column as a string (multi-threaded
+First :mod:`gpu_triage.recordings.direct` decodes the block from its bytes with numpy (the usual
+nvidia-smi block: every line alike, no missing value); a block it does not vouch for comes here.
+The Arrow path: ``pyarrow.csv`` reads the block with every wanted column as a string (multi-threaded
 C++), :func:`~gpu_triage.recordings.blocks.line_numbers` finds each row's file line with byte counts,
 and :mod:`gpu_triage.recordings.cells` turns the columns into arrays - the columns on a small thread
 pool, since pyarrow.compute and numpy release the GIL. Only when something is wrong - Arrow refuses
