@@ -13,7 +13,7 @@ PORT ?= 9410
 BASE_STAMP := $(VENV)/.stamp-base
 FULL_STAMP := $(VENV)/.stamp-full
 
-.PHONY: install install-base importpath run test test-fast bench lint typecheck fmt clean demo triage-demo system-deps dist
+.PHONY: install install-base importpath run test durations test-fast bench lint typecheck fmt clean demo triage-demo system-deps dist
 
 install: $(FULL_STAMP)
 install-base: $(BASE_STAMP)
@@ -59,12 +59,17 @@ demo: $(FULL_STAMP)
 
 # The suite side by side: one pytest-xdist worker per core (most tests wait on real processes, not
 # the CPU); tests that cannot share the machine with each other are grouped onto one worker
-# (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs it in one process.
+# (tests/conftest.py, XDIST_GROUPS). The longest tests go first (tests/scheduling.py, from
+# tests/durations.json; --no-loadscope-reorder keeps that order). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 test: $(FULL_STAMP)
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The whole suite once, writing each test's seconds to tests/durations.json (the longest-first order).
+durations: $(FULL_STAMP)
+	$(PY) -m pytest -q $(XDIST) --store-durations $(PYTEST_ARGS)
 
 test-fast: $(BASE_STAMP)
 	$(PY) -m pytest -q $(XDIST) -m "not slow and not trainer" $(PYTEST_ARGS)

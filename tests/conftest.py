@@ -15,6 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.isolation import pytest_runtest_logreport, pytest_runtest_protocol  # noqa: F401 (hooks)
+from tests.scheduling import (  # noqa: F401 (pytest_addoption and pytest_configure are hooks)
+    load_durations,
+    longest_first,
+    pytest_addoption,
+    pytest_configure,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -83,3 +89,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = XDIST_GROUPS.get(where)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    items[:] = longest_first(items, load_durations())  # tests/scheduling.py

@@ -22,7 +22,8 @@ batches, every other rank 2: every other rank blocks in the epoch-end save's fir
 the last rank waits in its third step's collective. Neither side ever returns.
 
 MODE ``train``: a healthy job - steps until ``TRAIN_S`` seconds (60 by default) have passed on rank 0
-(rank 0 broadcasts whether to go on each step, so every rank takes the same steps), then
+or ``OUT_DIR/stop`` exists (rank 0 broadcasts whether to go on each step, so every rank takes the same
+steps), then
 ``OUT_DIR/done-<rank>`` and exit 0. ``OUT_DIR/step-<rank>`` holds the rank's step count.
 
 Each rank writes ``OUT_DIR/ready-<rank>`` once DeepSpeed is initialised and
@@ -109,7 +110,7 @@ def main() -> int:
         end = time.time() + float(os.environ.get("TRAIN_S", "60"))
         step = 0
         while True:
-            go = torch.tensor([1 if time.time() < end else 0])
+            go = torch.tensor([1 if time.time() < end and not (out / "stop").exists() else 0])
             dist.broadcast(go, 0)
             if not int(go.item()):
                 break

@@ -99,6 +99,7 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
     loop = threading.Thread(target=daemon.run_forever, daemon=True)
     loop.start()
     rank_pids: list[int] = []
+    refused_at: float | None = None  # alert mode: when the SIGTERM rung was refused (not armed)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -118,8 +119,17 @@ def test_suspected_deadlock_gives_evidence_then_alert_then_signals_only_when_arm
                 )
             ):
                 break
-            if mode == "alert" and Receiver.posts and time.monotonic() > deadline - 80:
-                break
+            if mode == "alert" and Receiver.posts and refused_at is None:
+                refused = [
+                    e
+                    for e in daemon.store.since(0, 1000)
+                    if e.kind == "action"
+                    and e.payload.get("result") == "not_armed"
+                    and e.payload.get("action") == "sigterm"
+                ]
+                refused_at = time.monotonic() if refused else None
+            if refused_at is not None and time.monotonic() - refused_at > 8.0:
+                break  # the SIGTERM rung came and went unarmed; past its SIGKILL grace too
             time.sleep(0.5)
         events = [e.to_dict() for e in daemon.store.since(0, 1000)]
         alive_at_end = [_alive(p) for p in rank_pids]
