@@ -158,21 +158,35 @@ _STAMPS = st.one_of(
 
 @st.composite
 def _recordings(draw: st.DrawFn) -> bytes:
-    """A recording whose rows are mostly clean, with odd cells, odd lines and odd endings mixed in."""
+    """A recording whose rows are mostly clean, with odd cells, odd lines and odd endings mixed in;
+    either nvidia-smi's usual layout or one that starts with the index (no timestamp)."""
     rows = draw(st.integers(1, 40))
     clean = draw(st.booleans())
+    index_first = draw(st.booleans())
     lines = []
     for i in range(rows):
         if clean:
             stamp = f"2025/07/27 00:34:{45 + i // 8:02d}.{i % 8:03d}"
-            lines.append(f"{stamp}, {i % 8}, {draw(st.integers(0, 99999)) / 100:.2f} W, {i % 101} %")
+            power = f"{draw(st.integers(0, 99999)) / 100:.2f} W"
+            lines.append(
+                f"{i % 8}, {power}, {i % 101} %" if index_first else f"{stamp}, {i % 8}, {power}, {i % 101} %"
+            )
             continue
-        stamp = draw(_STAMPS)
-        index = draw(st.sampled_from([f" {i % 8}", f" {i % 8}", " 9", "7", " x", " 1024"]))
-        line = f"{stamp},{index},{draw(_NUMBER_CELLS)},{draw(_UTIL_CELLS)}"
+        index = draw(st.sampled_from([f" {i % 8}", f" {i % 8}", " 9", "7", " x", " 1024", ""]))
+        if index_first:
+            line = (
+                f"{index.strip() if draw(st.booleans()) else index},{draw(_NUMBER_CELLS)},{draw(_UTIL_CELLS)}"
+            )
+        else:
+            line = f"{draw(_STAMPS)},{index},{draw(_NUMBER_CELLS)},{draw(_UTIL_CELLS)}"
         lines.append(draw(st.sampled_from([line, line, line, line, "", line + ", 3", line + "\r"])))
     ending = draw(st.sampled_from(["\n", "\n", "", "\r\n"]))
-    return ("timestamp, index, power.draw [W], utilization.gpu [%]\n" + "\n".join(lines) + ending).encode()
+    header = (
+        "index, power.draw [W], utilization.gpu [%]"
+        if index_first
+        else "timestamp, index, power.draw [W], utilization.gpu [%]"
+    )
+    return (header + "\n" + "\n".join(lines) + ending).encode()
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -201,3 +215,16 @@ def test_direct_path_keeps_the_error_of_a_bad_cell_deep_in_a_block(
     monkeypatch.setattr(parse, "DIRECT", True)
     with pytest.raises(RecordingError, match=r"bad\.csv:3219:3: power\.draw: '[0-9.]+x W' is not a number"):
         list(NvsmiCsvReader(path).chunks())
+
+
+def test_a_layout_that_starts_with_the_index_goes_direct_too(tmp_path: Path) -> None:
+    """``--query-gpu=index,power.draw,...``: the first cell of a block ends within its first 8 bytes
+    (the word before it starts before the block) and has no leading space; still decoded directly."""
+    body = "".join(f"{i % 8}, {i * 1.25:.2f} W, {i % 101} %\n" for i in range(100))
+    path = tmp_path / "ix.csv"
+    path.write_text("index, power.draw [W], utilization.gpu [%]\n" + body)
+    found = read_header(path, None)
+    columns = parse_direct(np.frombuffer(body.encode(), dtype=np.uint8), body.encode(), 100, found.layout)
+    assert columns is not None and columns.index is not None
+    assert columns.index.tolist() == [i % 8 for i in range(100)]
+    assert columns.values["power_w"].tolist() == [float(f"{i * 1.25:.2f}") for i in range(100)]

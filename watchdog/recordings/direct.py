@@ -130,7 +130,7 @@ def _parse_piece(raw: np.ndarray, rows: int, layout: Layout) -> DirectColumns | 
     values: dict[str, np.ndarray] = {}
     for attribute, (pos, suffix, scale, _name) in layout.numeric.items():
         start, end = field(pos)
-        number = _numbers(raw, words, start, end, suffix.encode())
+        number = _numbers(raw, words, start, end, suffix.encode(), lead=min(pos, 1))
         if number is None:
             return None
         values[attribute] = scale_in_place(number, scale)
@@ -144,7 +144,7 @@ def _parse_piece(raw: np.ndarray, rows: int, layout: Layout) -> DirectColumns | 
             return None
     if layout.index is not None:
         start, end = field(layout.index)
-        board = _numbers(raw, words, start, end, b"", integer=True)
+        board = _numbers(raw, words, start, end, b"", integer=True, lead=min(layout.index, 1))
         if board is None or not (board < MAX_GPUS).all():
             return None
         index = board.astype(np.int32)
@@ -155,6 +155,19 @@ _ZEROS = np.uint64(0x3030303030303030)  # "00000000"
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
+def _word_ending(raw: np.ndarray, words: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The 8 bytes before each of ``end`` (increasing) as little-endian words; bytes before the
+    block's start read as 0 (only the first rows of a block can end within its first 8 bytes)."""
+    out = words[end - 8]
+    if int(end[0]) < 8:
+        head = np.zeros(24, dtype=np.uint8)
+        head[8 : 8 + min(16, len(raw))] = raw[:16]
+        head_words = np.ndarray(shape=(17,), dtype="<u8", buffer=head, strides=(1,))
+        at = np.flatnonzero(end < 8)
+        out[at] = head_words[end[at]]  # raw[end - 8 : end] is head[end : end + 8]
+    return out
+
+
 def _numbers(
     raw: np.ndarray,
     words: np.ndarray | None,
@@ -162,22 +175,24 @@ def _numbers(
     end: np.ndarray,
     suffix: bytes,
     integer: bool = False,
+    lead: int = 1,
 ) -> np.ndarray | None:
-    """float64 values of cells ``" <digits>[.<digits>]<suffix>"`` - the suffix on every cell or on
-    none, at most 8 characters between the space and the suffix, the point (if any) equally far from
-    the end in every cell (nvidia-smi prints ``%.2f`` watts and whole percents and MiB) - or None
-    when any cell is something else."""
-    if words is None or int(start[0]) < 8 or not (raw[start] == _SPACE).all():
+    """float64 values of cells ``" <digits>[.<digits>]<suffix>"`` (``lead=0``: the first field of a
+    line, without the space) - the suffix on every cell or on none, at most 8 characters between the
+    space and the suffix, the point (if any) equally far from the end in every cell (nvidia-smi prints
+    ``%.2f`` watts and whole percents and MiB) - or None when any cell is something else.
+    """
+    if words is None or len(raw) < 16 or (lead and not (raw[start] == _SPACE).all()):
         return None
     cut = len(suffix)
-    last = words[end - 8]  # the cell's last 8 bytes: its last character in the highest byte
+    last = _word_ending(raw, words, end)  # the cell's last 8 bytes: its last character highest
     if cut:
         with_unit = (last >> np.uint64(8 * (8 - cut))) == np.uint64(int.from_bytes(suffix, "little"))
         if not with_unit.all():
             if with_unit.any():
                 return None
             cut = 0
-    length = end - start - 1 - cut  # characters of the number
+    length = end - start - lead - cut  # characters of the number
     if int(length.min()) < 1 or int(length.max()) > 8:
         return None
     # the number right-aligned in one word (bytes before it are masked below)
@@ -186,10 +201,10 @@ def _numbers(
         if not cut
         else last << np.uint64(8 * cut)
         if int(length.max()) <= 8 - cut
-        else words[end - cut - 8]
+        else _word_ending(raw, words, end - cut)
     )
     end = end - cut
-    first = raw[int(start[0]) + 1 : int(end[0])].tobytes()  # the first cell says where the point is
+    first = raw[int(start[0]) + lead : int(end[0])].tobytes()  # the first cell says where the point is
     places = len(first) - 1 - first.find(b".") if b"." in first and not integer else 0
     keep = np.left_shift(_ALL, (8 * (8 - length)).astype(np.uint64))  # the number's bytes
     if places:
