@@ -163,21 +163,29 @@ def _first_change(
     every candidate of a block at once (each sample is judged for its own candidate, with that
     candidate's dwell). ``counts[c, k]``: how many of the first ``k`` samples hold candidate ``c``.
     -1 when none does."""
+    # (numpy's methods and 1-D indexes: this runs once per state change, on small arrays, where the
+    # call overhead is most of the cost)
     block = 64
+    flat = counts.reshape(-1)
+    row = counts.shape[1]
+    unknown_row = UNKNOWN_CODE * row
     while i < len(others):
         ks = others[i : i + block]
         vals = cand[ks]
         dwell = dwell_by_code[vals]
         tk = t[ks]
-        wk = np.maximum(np.searchsorted(t, tk - dwell, side="left"), h0)
+        wk = t.searchsorted(tk - dwell)
+        np.maximum(wk, h0, out=wk)
         after = ks + 1
-        votes = counts[vals, after] - counts[vals, wk]
+        mine = vals.astype(np.intp) * row
+        votes = flat[mine + after] - flat[mine + wk]
         # a failed read is no vote, except for unknown itself
-        abstain = np.where(vals == UNKNOWN_CODE, 0, counts[UNKNOWN_CODE, after] - counts[UNKNOWN_CODE, wk])
+        abstain = flat[unknown_row + after] - flat[unknown_row + wk]
+        abstain[vals == UNKNOWN_CODE] = 0
         fire = (tk - hist_start >= dwell) & (votes >= share * ((after - wk) - abstain))
-        hit = np.flatnonzero(fire)
-        if len(hit):
-            return int(ks[hit[0]])
+        first = int(fire.argmax())
+        if fire[first]:
+            return int(ks[first])
         i += block
         block = min(block * 4, 1 << 16)
     return -1
@@ -261,13 +269,13 @@ def classify_series(
             hist_start = float(t[h0])
         cand = cand_for(state)
         others = others_for(state)
-        i = int(np.searchsorted(others, max(h0, h)))  # carried samples were judged in their own chunk
+        i = int(others.searchsorted(max(h0, h)))  # carried samples were judged in their own chunk
         fired_k = _first_change(t, cand, counts_for(state), others, i, h0, hist_start, share, dwell_by_code)
         if fired_k < 0:
             break
         c = int(cand[fired_k])
-        lo = max(int(np.searchsorted(t, t[fired_k] - dwell_by_code[c], side="left")), h0)
-        j = lo + int(np.flatnonzero(cand[lo : fired_k + 1] == c)[0])
+        lo = max(int(t.searchsorted(t[fired_k] - dwell_by_code[c])), h0)
+        j = lo + int((cand[lo : fired_k + 1] == c).argmax())  # c's first sample in the window
         state = GPU_STATES[c]
         since_t, since_p = float(t[j]), float(ps[j])
         switches.append(Switch(fired_k - h, state, since_t, since_p))
