@@ -82,3 +82,29 @@ def test_a_short_positional_recording_measures_its_head_as_before(
     again = engine._triage(str(path), OPTS, None, head_again=True)
     assert again is not None
     assert result.to_json() == again.to_json()
+
+
+def test_triage_hands_the_gil_over_quickly_while_reading_ahead_and_restores_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader thread waits for the GIL after each numpy call: triage shortens the interpreter's
+    switch interval while it runs, and gives the caller's back."""
+    import sys
+
+    path = _recording(tmp_path / "r.csv", 400, gpus=4)
+    seen: list[float] = []
+    real = engine._triage
+
+    def spy(*args: object, **kw: object) -> object:
+        seen.append(sys.getswitchinterval())
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "_triage", spy)
+    before = sys.getswitchinterval()
+    triage_file(path, OPTS)
+    assert seen and all(s <= engine.GIL_SWITCH_S for s in seen)
+    assert sys.getswitchinterval() == before
+    monkeypatch.setattr(engine, "READ_AHEAD", False)
+    seen.clear()
+    triage_file(path, OPTS)
+    assert seen == [before]
