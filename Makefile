@@ -57,22 +57,29 @@ demo: $(FULL_STAMP)
 	@command -v prometheus-alertmanager >/dev/null || echo "(no prometheus-alertmanager: run 'make system-deps' as root for the alert part)"
 	$(PY) -m ft_trainer.devtools.demo --out out/demo
 
-# The suite side by side: one pytest-xdist worker per core (most tests wait on real processes, not
-# the CPU); tests that cannot share the machine with each other are grouped onto one worker
-# (tests/conftest.py, XDIST_GROUPS). The longest tests go first (tests/scheduling.py, from
-# tests/durations.json; --no-loadscope-reorder keeps that order). TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+# The suite side by side: two pytest-xdist workers per core. Most of its wall time is a few dozen tests
+# that wait on real processes (a save throttled for 75 s, a daemon's confirm window), not on the CPU:
+# on 2 cores, 4 workers kept the CPU ~87 % busy and took 11.7 min where 2 took 19.5. Tests that cannot
+# share the machine with each other are grouped onto one worker (tests/conftest.py, XDIST_GROUPS). The
+# longest tests go first (tests/scheduling.py, from tests/durations.json; --no-loadscope-reorder keeps
+# that order). TEST_WORKERS=N sets the count; TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
+# --durations=30: every run (and CI's log) lists its 30 slowest tests, to keep an eye on them.
+# Bytecode is cached (__pycache__, git-ignored) even where the environment says PYTHONDONTWRITEBYTECODE:
+# without it every worker rewrote every test module's asserts (13 of a collection's CPU seconds, 8
+# with the cache) and each of the suite's hundreds of daemons, ranks and CLI calls compiled the project.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 test: $(FULL_STAMP)
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(PYTEST) -q $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 # The whole suite once, writing each test's seconds to tests/durations.json (the longest-first order).
 durations: $(FULL_STAMP)
-	$(PY) -m pytest -q $(XDIST) --store-durations $(PYTEST_ARGS)
+	$(PYTEST) -q $(XDIST) --store-durations $(PYTEST_ARGS)
 
 test-fast: $(BASE_STAMP)
-	$(PY) -m pytest -q $(XDIST) -m "not slow and not trainer" $(PYTEST_ARGS)
+	$(PYTEST) -q $(XDIST) -m "not slow and not trainer" $(PYTEST_ARGS)
 
 bench: $(FULL_STAMP)
 	$(PY) -m benchmarks $(BENCH_ARGS)

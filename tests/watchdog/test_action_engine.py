@@ -747,7 +747,9 @@ def test_five_minute_outage_loses_nothing_and_cycle_time_stays_flat(
     # cycle time: as flat at the end of the outage as at its start (nothing waits for the network)
     quiet = [durations[i] for i in range(300) if i < 9 or i >= 260]
     assert statistics.median(durations[260:]) < max(3 * statistics.median(durations[:9]), 0.0005)
-    assert max(quiet) < 0.05
+    # and no single cycle near a sink's timeout (5 s by default; a cycle that waited on a delivery
+    # would take that long). Not 50 ms: one cycle descheduled on a loaded 2-core machine took 85.
+    assert max(quiet) < 0.5, max(quiet)
 
 
 def test_on_cycle_does_no_work_when_nothing_is_due(tmp_path: Path, store: EventStore) -> None:
