@@ -8,7 +8,8 @@ per row or per cell, no copy of the text:
 
 * a number cell (``" 72.36 W"``, ``" 0 %"``, ``" 131"``) is one 8-byte word read where the cell
   ends: the unit suffix compared as one integer, the decimal point checked at its place and taken
-  out, the digits checked and summed with SWAR arithmetic (:func:`eight_digits`), the integer divided
+  out, the digits checked and summed with SWAR arithmetic
+  (:func:`~gpu_triage.recordings.timestamps.eight_digits`), the integer divided
   by a power of ten - exactly the correctly rounded double Arrow's cast gives (an integer of at most
   8 digits and a power of ten are both exact doubles, so one IEEE division rounds the true quotient);
 * timestamps go through :func:`gpu_triage.recordings.timestamps.parse_timestamp_cells` (the same
@@ -16,8 +17,9 @@ per row or per cell, no copy of the text:
 * GPU indices are small integers, decoded the same way.
 
 Anything this path does not vouch for - a line with another field count, a blank line, a carriage
-return, a missing value (``[N/A]``), a cell without its leading space, a unit on some cells only, an
-exponent or sign, an implausible timestamp, a uuid column naming GPUs - makes :func:`parse_direct`
+return, a missing value (``[N/A]``), other blanks than the one space after a comma, a unit on some
+cells only, a number of more than 8 characters, decimals that differ from the first row's, an exponent
+or sign, an implausible timestamp, a uuid column naming GPUs - makes :func:`parse_direct`
 return None, and the caller parses the block the careful way (``pyarrow.csv`` and
 :mod:`gpu_triage.recordings.cells`), which gives the same arrays or names the bad line and field.
 So a clean block costs a few passes over its bytes; an odd one costs what it always did.
