@@ -8,7 +8,8 @@ once under benchmarks/data/ (git-ignored) and reused. Three numbers:
 * reader: :class:`gpu_triage.recordings.NvsmiCsvReader` turning it into float arrays (budget: at least
   3,000,000 rows/s on the 2-core development machine, so that triage as a whole reaches 1,000,000),
   as wall time (best of 3) and as rows per CPU second over all its threads - the latter barely moves
-  when other jobs share the cores, the former can halve;
+  when other jobs share the cores, the former can halve - each beside the previous parser
+  (``parse.DIRECT = False``: every block through ``pyarrow.csv``);
 * peak memory: the reader's maximum resident set above the interpreter with its imports, measured in
   a fresh process (the budget for the whole triage of a 2 GB file is 512 MB; the reader's share should
   stay under ~200 MB, and does not grow with the file).
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from benchmarks.common import best_of, header, line
 from benchmarks.gen_recording import generate
+from gpu_triage.recordings import parse
 from gpu_triage.recordings.nvsmi_csv import DEFAULT_CHUNK_BYTES, NvsmiCsvReader
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -97,7 +99,13 @@ def run(quick: bool = False) -> None:
     repeat = 1 if quick else 3
     assert read_rows(path) == rows  # also warms the page cache and Arrow's thread pool
     bytes_s = best_of(lambda: read_bytes(path), repeat)
-    reader_s = best_of(lambda: read_rows(path), repeat)
+    reader_s = arrow_s = float("inf")
+    for _ in range(repeat):  # interleaved: a neighbour's load hits both alike
+        for direct in (True, False):
+            parse.DIRECT = direct
+            took = best_of(lambda: read_rows(path), 1)
+            reader_s, arrow_s = (min(reader_s, took), arrow_s) if direct else (reader_s, min(arrow_s, took))
+    parse.DIRECT = True
     line("bytes only (read in blocks)", size_mb / bytes_s, "MB/s")
     line("reader", size_mb / reader_s, "MB/s", baseline=size_mb / bytes_s, baseline_name="bytes only")
     rate = rows / reader_s
@@ -110,10 +118,26 @@ def run(quick: bool = False) -> None:
         budget=f">= {READER_BUDGET_ROWS_S:,} rows/s",
         ok=rate >= READER_BUDGET_ROWS_S,
     )
+    line(
+        "reader vs the previous parser (pyarrow.csv)",
+        rate,
+        "rows/s",
+        baseline=rows / arrow_s,
+        baseline_name="parse.DIRECT=False",
+    )
     line("reader time vs bytes-only time", reader_s / bytes_s, "x", higher_is_better=False)
     # CPU time over all threads: less sensitive than wall time to neighbours sharing the cores.
     cpu_s = min(cpu_seconds(lambda: read_rows(path)) for _ in range(repeat))
-    line("reader rows per CPU second (all threads)", rows / cpu_s, "rows/s")
+    parse.DIRECT = False
+    arrow_cpu_s = min(cpu_seconds(lambda: read_rows(path)) for _ in range(repeat))
+    parse.DIRECT = True
+    line(
+        "reader rows per CPU second (all threads)",
+        rows / cpu_s,
+        "rows/s",
+        baseline=rows / arrow_cpu_s,
+        baseline_name="previous parser",
+    )
     peak = peak_memory_mb(path)
     line(
         "reader peak RSS above imports",

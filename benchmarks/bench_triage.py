@@ -6,7 +6,9 @@ traces), all in this process, best of three:
 * bytes only: reading the file's bytes and nothing else - the floor;
 * triage: ``triage_file`` (chunked read one chunk ahead on a thread, vectorised classification with
   hysteresis, accounting and the deadlock rule) - budget (issue 30) at least 5,000,000 rows/s and at
-  least 10x the baseline; beside it the same on one thread (``engine.READ_AHEAD = False``, before);
+  least 10x the baseline; beside it the same on one thread (``engine.READ_AHEAD = False``) and with
+  the previous parser (``parse.DIRECT = False``: every block through ``pyarrow.csv``), in wall time
+  and in rows per CPU second (all threads; what a loaded machine changes least);
 * baseline: ``pandas.read_csv`` plus a per-row Python loop applying the same bands with a simple
   "N seconds in the band" rule - what a script written for an incident usually is.
 
@@ -15,14 +17,17 @@ Then triage's peak resident memory on a ~2 GB recording, in a fresh process (bud
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.bench_reader import DATA, read_bytes, recording
 from benchmarks.common import best_of, header, line
 from benchmarks.gen_recording import generate
+from gpu_triage.recordings import parse
 from gpu_triage.triage import engine
 from gpu_triage.triage.engine import TriageOptions, triage_file
 
@@ -106,6 +111,20 @@ def baseline(path: Path) -> int:
     return len(states)
 
 
+#: (name, engine.READ_AHEAD, parse.DIRECT) of each variant timed.
+_VARIANTS = (("one thread", False, True), ("triage", True, True), ("arrow", True, False))
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (this process, every thread) of one call of ``fn``."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    fn()
+    wall_s = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return wall_s, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def peak_memory(path: Path) -> tuple[int, float]:
     out = subprocess.run(
         [sys.executable, "-c", _PEAK_SCRIPT, str(path)], check=True, capture_output=True, text=True
@@ -119,17 +138,17 @@ def run(quick: bool = False) -> None:
     size_mb = path.stat().st_size / 2**20
     header(f"triage throughput: {path.name} ({rows:,} rows, {size_mb:.0f} MB)")
     t_bytes = best_of(lambda: read_bytes(path))
-    # interleaved (one thread, read-ahead, one thread...): a neighbour's load hits both alike
-    t_one_thread = t_triage = float("inf")
+    # interleaved (one thread, read-ahead, previous parser, ...): a neighbour's load hits all alike
+    took: dict[str, list[float]] = {"one thread": [], "triage": [], "arrow": []}
+    cpu: dict[str, list[float]] = {name: [] for name in took}
     for _ in range(3):
-        for read_ahead in (False, True):
-            engine.READ_AHEAD = read_ahead
-            took = best_of(lambda: triage_file(path, OPTS), 1)
-            if read_ahead:
-                t_triage = min(t_triage, took)
-            else:
-                t_one_thread = min(t_one_thread, took)
-    engine.READ_AHEAD = True
+        for name, read_ahead, direct in _VARIANTS:
+            engine.READ_AHEAD, parse.DIRECT = read_ahead, direct
+            wall_s, cpu_s = _timed(lambda: triage_file(path, OPTS))
+            took[name].append(wall_s)
+            cpu[name].append(cpu_s)
+    engine.READ_AHEAD, parse.DIRECT = True, True
+    t_triage, t_one_thread, t_arrow = min(took["triage"]), min(took["one thread"]), min(took["arrow"])
     base_rows = min(rows, 1_000_000)
     base_path = recording(base_rows)
     t0 = time.perf_counter()
@@ -155,6 +174,21 @@ def run(quick: bool = False) -> None:
         "rows/s",
         baseline=rows / t_one_thread,
         baseline_name="one thread",
+    )
+    line(
+        "triage vs the previous parser (pyarrow.csv)",
+        triage_rate,
+        "rows/s",
+        baseline=rows / t_arrow,
+        baseline_name="parse.DIRECT=False",
+    )
+    # CPU seconds over all threads: what a loaded machine changes least
+    line(
+        "triage rows per CPU second (all threads)",
+        rows / min(cpu["triage"]),
+        "rows/s",
+        baseline=rows / min(cpu["arrow"]),
+        baseline_name="previous parser",
     )
     line(
         "triage vs a hand-optimised loop",

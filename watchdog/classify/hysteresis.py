@@ -29,9 +29,7 @@ property test feeds them random streams cut into random chunks).
 
 from __future__ import annotations
 
-import functools
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +38,7 @@ from gpu_triage.classify.bands import CODE, UNKNOWN_CODE, raw_state, raw_states,
 from gpu_triage.classify.power_table import Box, PowerTable
 from gpu_triage.model.states import GPU_STATES, GpuState
 
+_FIRST_BLOCK = 64
 _EMPTY_F = np.empty(0, dtype=np.float64)
 _EMPTY_I = np.empty(0, dtype=np.int8)
 
@@ -72,6 +71,11 @@ class Switch:
 
 def _max_dwell(table: PowerTable) -> float:
     return max(table.dwell_s(s) for s in GPU_STATES)
+
+
+def _dwells(table: PowerTable) -> np.ndarray:
+    """Each state's dwell in seconds, indexed by its code."""
+    return np.array([table.dwell_s(s) for s in GPU_STATES], dtype=np.float64)
 
 
 class GpuClassifier:
@@ -148,44 +152,45 @@ class GpuClassifier:
         return False
 
 
-Votes = Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]]
-"""Candidate code -> (window start per sample, cumulative votes, cumulative abstentions)."""
-
-
 def _first_change(
-    table: PowerTable,
     t: np.ndarray,
     cand: np.ndarray,
+    counts: np.ndarray,
     others: np.ndarray,
     i: int,
     h0: int,
     hist_start: float,
     share: float,
-    votes_for: Votes,
+    dwell_by_code: np.ndarray,
 ) -> int:
     """The first sample index (from ``others[i:]``) at which a candidate state wins its vote over its
-    dwell window: examined in blocks growing fourfold, so a long steady run costs a few array passes.
+    dwell window: examined in blocks growing fourfold, so a long steady run costs a few array passes;
+    every candidate of a block at once (each sample is judged for its own candidate, with that
+    candidate's dwell). ``counts[c, k]``: how many of the first ``k`` samples hold candidate ``c``.
     -1 when none does."""
+    # (numpy's methods and 1-D indexes: this runs once per state change, on small arrays, where the
+    # call overhead is most of the cost)
     block = 64
+    flat = counts.reshape(-1)
+    row = counts.shape[1]
+    unknown_row = UNKNOWN_CODE * row
     while i < len(others):
         ks = others[i : i + block]
         vals = cand[ks]
-        lo_v, hi_v = int(vals.min()), int(vals.max())
-        codes = [lo_v] if lo_v == hi_v else np.unique(vals).tolist()
-        best = len(ks)
-        for c in codes:
-            dwell = table.dwell_s(GPU_STATES[c])
-            w, cs, cu = votes_for(c)
-            sel = ks[:best]
-            wk = np.maximum(w[sel], h0)
-            votes = cs[sel + 1] - cs[wk]
-            total = (sel + 1 - wk) - (cu[sel + 1] - cu[wk])
-            fire = (vals[:best] == c) & (t[sel] - hist_start >= dwell) & (votes >= share * total)
-            hit = np.flatnonzero(fire)
-            if len(hit):
-                best = int(hit[0])
-        if best < len(ks):
-            return int(ks[best])
+        dwell = dwell_by_code[vals]
+        tk = t[ks]
+        wk = t.searchsorted(tk - dwell)
+        np.maximum(wk, h0, out=wk)
+        after = ks + 1
+        mine = vals.astype(np.intp) * row
+        votes = flat[mine + after] - flat[mine + wk]
+        # a failed read is no vote, except for unknown itself
+        abstain = flat[unknown_row + after] - flat[unknown_row + wk]
+        abstain[vals == UNKNOWN_CODE] = 0
+        fire = (tk - hist_start >= dwell) & (votes >= share * ((after - wk) - abstain))
+        first = int(fire.argmax())
+        if fire[first]:
+            return int(ks[first])
         i += block
         block = min(block * 4, 1 << 16)
     return -1
@@ -229,6 +234,7 @@ def classify_series(
     hist_start = carry.history_start_s
     h0 = 0 if h else skip  # first index of the current history (a carried history is this state's)
     share = table.vote_share
+    dwell_by_code = _dwells(table)
     cand_cache: dict[GpuState, np.ndarray] = {}
 
     def cand_for(s: GpuState) -> np.ndarray:
@@ -241,21 +247,17 @@ def classify_series(
             got = cand_cache[s] = mine.astype(np.int8, copy=False)
         return got
 
-    vote_cache: dict[tuple[GpuState, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    count_cache: dict[GpuState, np.ndarray] = {}
 
-    def votes_for(s: GpuState, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(window start index per sample for candidate c's dwell, cumulative count of c, cumulative
-        count of samples that do not vote: failed reads, unless c is unknown itself)."""
-        key = (s, c)
-        got = vote_cache.get(key)
+    def counts_for(s: GpuState) -> np.ndarray:
+        """(codes, n + 1): how many of the first k samples hold each candidate while in state s."""
+        got = count_cache.get(s)
         if got is None:
             cand = cand_for(s)
-            dwell = table.dwell_s(GPU_STATES[c])
-            w = np.searchsorted(t, t - dwell, side="left")
-            cs = np.concatenate(([0], np.cumsum(cand == c, dtype=np.int64)))
-            abstain = np.zeros(len(cand), dtype=bool) if c == UNKNOWN_CODE else cand == UNKNOWN_CODE
-            cu = np.concatenate(([0], np.cumsum(abstain, dtype=np.int64)))
-            got = vote_cache[key] = (w, cs, cu)
+            got = np.zeros((len(GPU_STATES), n + 1), dtype=np.int64)
+            for c in np.flatnonzero(np.bincount(cand, minlength=len(GPU_STATES))):
+                np.cumsum(cand == c, out=got[c, 1:])
+            count_cache[s] = got
         return got
 
     other_cache: dict[GpuState, np.ndarray] = {}
@@ -272,16 +274,13 @@ def classify_series(
             hist_start = float(t[h0])
         cand = cand_for(state)
         others = others_for(state)
-        i = int(np.searchsorted(others, max(h0, h)))  # carried samples were judged in their own chunk
-        fired_k = _first_change(
-            table, t, cand, others, i, h0, hist_start, share, functools.partial(votes_for, state)
-        )
+        i = int(others.searchsorted(max(h0, h)))  # carried samples were judged in their own chunk
+        fired_k = _first_change(t, cand, counts_for(state), others, i, h0, hist_start, share, dwell_by_code)
         if fired_k < 0:
             break
         c = int(cand[fired_k])
-        w, _, _ = votes_for(state, c)
-        lo = max(int(w[fired_k]), h0)
-        j = lo + int(np.flatnonzero(cand[lo : fired_k + 1] == c)[0])
+        lo = max(int(t.searchsorted(t[fired_k] - dwell_by_code[c])), h0)
+        j = lo + int((cand[lo : fired_k + 1] == c).argmax())  # c's first sample in the window
         state = GPU_STATES[c]
         since_t, since_p = float(t[j]), float(ps[j])
         switches.append(Switch(fired_k - h, state, since_t, since_p))

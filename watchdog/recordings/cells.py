@@ -133,8 +133,15 @@ def _finish(
             pos + 1,
             f"{name}: {short(cells[row].as_py().strip())} is not finite",
         )
+    return scale_in_place(array, scale)
+
+
+def scale_in_place(array: np.ndarray, scale: float) -> np.ndarray:
+    """``array`` (writable float64, in the cells' unit) in the attribute's unit: multiplied by
+    ``scale``, or divided by its inverse when below 1 (57 % -> 57 / 100 = 0.57 exactly, where
+    57 * 0.01 is not). The one place both of the reader's paths scale a column."""
     if 0.0 < scale < 1.0:
-        array /= round(1.0 / scale)  # 57 % -> 57 / 100 = 0.57 exactly, where 57 * 0.01 is not
+        array /= round(1.0 / scale)
     elif scale != 1.0:
         array *= scale
     return array

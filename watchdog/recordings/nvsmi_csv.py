@@ -24,8 +24,10 @@ How it is read, one concern per module (each readable alone):
 * :mod:`~gpu_triage.recordings.layout` - the header line, the column layout and units;
 * :mod:`~gpu_triage.recordings.blocks` - blocks of complete lines read into one reused buffer, the
   file line of each row, the truncated-last-line rule, the line-by-line scan of the error path;
-* :mod:`~gpu_triage.recordings.parse` - one block through ``pyarrow.csv`` into arrays (fast path,
-  slow path, the column thread pool);
+* :mod:`~gpu_triage.recordings.parse` - one block into arrays: first
+  :mod:`~gpu_triage.recordings.direct` (the bytes decoded with numpy: separators, numbers and
+  timestamps, no strings), and for a block it does not vouch for ``pyarrow.csv`` (fast path, slow
+  path, the column thread pool), which gives the same arrays or names the bad line and field;
 * :mod:`~gpu_triage.recordings.cells` - one column of cells into numbers, timestamps or GPU indices;
 * :mod:`~gpu_triage.recordings.gpu_assign` (with :mod:`~gpu_triage.recordings.gpu_count`) - the GPU
   count and each row's board index;
@@ -33,7 +35,8 @@ How it is read, one concern per module (each readable alone):
   :class:`Chunk`); :mod:`~gpu_triage.recordings.errors` - :class:`RecordingError` and its warning.
 
 This module puts them together: :class:`NvsmiCsvReader` reads the header, probes the first ~1 MiB for
-the header facts, then yields chunks. No Python code runs per row or per cell. Line numbers stay exact
+the header facts (and keeps those rows' GPUs and times: :attr:`NvsmiCsvReader.head`), then yields
+chunks. No Python code runs per row or per cell. Line numbers stay exact
 across blocks: each block knows the line number of its first line and the file position of its first
 row, so ``line`` and the GPU position carry over chunk boundaries.
 """
@@ -129,6 +132,11 @@ class NvsmiCsvReader:
         self._layout, self._data_start, self._first_line = found.layout, found.data_start, found.first_line
         self._parser = BlockParser(self.path, self._layout, found.header_bytes, self._warn)
         self._gpu: GpuAssignment
+        self.head: tuple[np.ndarray, np.ndarray]
+        """(board index, time) of the first rows: the first block of :data:`PROBE_BYTES` that has rows,
+        as the first chunk of ``chunks()`` with ``chunk_bytes=PROBE_BYTES`` gives them - unless rows
+        are GPUs by :attr:`position` and fewer than ``gpus - 1`` rows follow that block in the file
+        (then that chunk may lack a cut last snapshot: see :meth:`chunks`)."""
         self.header = self._probe()
 
     def _blocks(self, chunk_bytes: int, extra: bool) -> Generator[tuple[Block, int], None, None]:
@@ -174,6 +182,10 @@ class NvsmiCsvReader:
                 f"interval_s={self.interval_s:g} s apart"
             )
         gpu = self._gpu.assign(probe, 0)
+        time_s = probe.time_s
+        if time_s is None:
+            time_s = (np.arange(len(probe), dtype=np.int64) // gpus) * self.interval_s
+        self.head = (gpu, time_s)
         gpu_names = None
         if probe.names is not None:
             names = probe.names.to_pylist()
@@ -200,6 +212,11 @@ class NvsmiCsvReader:
         )
 
     # ------------------------------------------------------------------ public
+    @property
+    def positional(self) -> bool:
+        """Whether a row's GPU is its position in its snapshot (no index or uuid/bus id column)."""
+        return self._layout.index is None and self._gpu.labels is None and self.header.gpus > 1
+
     def chunks(self, progress: Callable[[int], None] | None = None) -> Iterator[Chunk]:
         """Yield the recording as chunks of about ``chunk_bytes``; ``progress(end_offset)`` is called
         after each (the file size is ``header.size_bytes``). Raises :class:`RecordingError`.
@@ -209,7 +226,7 @@ class NvsmiCsvReader:
         (:attr:`dropped_rows` counts its rows): its rows would otherwise end some GPUs' series one
         sample later than the others'."""
         gpus = self.header.gpus
-        positional = self._layout.index is None and self._gpu.labels is None and gpus > 1
+        positional = self.positional
         position = 0
         held: list[tuple[Chunk, int]] = []  # positional: the last gpus - 1 rows, until the end is known
         held_rows = 0

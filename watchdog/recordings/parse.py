@@ -1,6 +1,8 @@
-"""One block of complete lines -> a :class:`Block` of arrays, through ``pyarrow.csv``.
+"""One block of complete lines -> a :class:`Block` of arrays: directly, else through ``pyarrow.csv``.
 
-The fast path: ``pyarrow.csv`` reads the block with every wanted column as a string (multi-threaded
+First :mod:`gpu_triage.recordings.direct` decodes the block from its bytes with numpy (the usual
+nvidia-smi block: every line alike, no missing value); a block it does not vouch for comes here.
+The Arrow path: ``pyarrow.csv`` reads the block with every wanted column as a string (multi-threaded
 C++), :func:`~gpu_triage.recordings.blocks.line_numbers` finds each row's file line with byte counts,
 and :mod:`gpu_triage.recordings.cells` turns the columns into arrays - the columns on a small thread
 pool, since pyarrow.compute and numpy release the GIL. Only when something is wrong - Arrow refuses
@@ -27,8 +29,13 @@ import pyarrow.csv as pacsv
 
 from gpu_triage.recordings import cells
 from gpu_triage.recordings.blocks import NeedsScan, Text, line_numbers, scan
+from gpu_triage.recordings.direct import parse_direct, usable
 from gpu_triage.recordings.errors import RecordingError
 from gpu_triage.recordings.layout import Layout
+
+DIRECT = True
+"""Try :mod:`gpu_triage.recordings.direct` (bytes to arrays with numpy) before ``pyarrow.csv``
+(False: Arrow for every block, the parser before issue 30; the benchmarks' "previous parser")."""
 
 
 @dataclass
@@ -86,6 +93,15 @@ class BlockParser:
 
     def parse(self, text: Text, first_line: int, extra: bool, newlines: int) -> Block:
         """Rows of ``text`` (complete lines, ``newlines`` of them, the first being ``first_line``)."""
+        if DIRECT and usable(self.layout, extra) and text.end:
+            found = parse_direct(text.array(), text.buffer, newlines, self.layout)
+            if found is not None:
+                return Block(
+                    line=np.arange(first_line, first_line + newlines, dtype=np.int64),
+                    values=found.values,
+                    time_s=found.time_s,
+                    index=found.index,
+                )
         try:
             table = self._read_table(text, extra)
             line = line_numbers(text, first_line, table.num_rows, newlines, self.layout.ncols)

@@ -88,9 +88,22 @@ def parse_timestamps(cells: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.
     if shortest == longest and not cells.null_count and (shortest == 19 or 21 <= shortest <= MAX_LENGTH):
         return _parse_uniform(data[offsets[0] :], n, shortest)
     starts = offsets[:-1].astype(np.int64)
+    valid = np.asarray(cells.is_valid()) if cells.null_count else None
+    return parse_timestamp_cells(data, starts, lengths, valid)
+
+
+def parse_timestamp_cells(
+    data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`parse_timestamps` of cells given as byte ranges of ``data`` (uint8): cell ``i`` is
+    ``data[starts[i] : starts[i] + lengths[i]]``; ``valid`` marks the cells that exist (None: all).
+    The reader's direct path hands its block's buffer here without building strings."""
+    n = len(starts)
+    if n == 0:
+        return np.zeros(0), np.zeros(0, dtype=bool)
     ok_length = (lengths == 19) | ((lengths >= 21) & (lengths <= MAX_LENGTH))
-    if cells.null_count:
-        ok_length &= np.asarray(cells.is_valid())
+    if valid is not None:
+        ok_length &= valid
     if len(data) < 19 or not ok_length.any():
         return np.zeros(n), np.ones(n, dtype=bool)
     # Rows of a bad length read the first valid row's bytes (always in bounds) and are marked bad.
@@ -114,6 +127,12 @@ def parse_timestamps(cells: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.
     bad = np.repeat(first_bad, run_lengths) | ~ok_length
 
     # Fraction: '.' at byte 19, then lengths - 20 digits.
+    width = int(lengths[0])
+    if 21 <= width <= 27 and bool(ok_length.all()) and int(lengths.min()) == int(lengths.max()):
+        # one width everywhere: the '.' and the digits are the last bytes of one word per cell
+        fraction, fraction_bad = _fractions(words[index + (width - 8)], width - 20)
+        seconds += fraction / 10.0 ** (width - 20)
+        return seconds, bad | fraction_bad
     has_fraction = ok_length & (lengths > 19)
     if has_fraction.any():
         digits_count = np.where(has_fraction, lengths - 20, 0)
@@ -126,6 +145,37 @@ def parse_timestamps(cells: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.
             fraction = np.where(present, fraction * 10 + digit, fraction)
         seconds += fraction / np.power(10.0, digits_count)
     return seconds, bad
+
+
+_DIGIT_ZEROS = np.uint64(0x3030303030303030)
+_ALL_BYTES = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _fractions(word: np.ndarray, places: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``places`` fraction digits that end each 8-byte ``word`` (little-endian: the last digit in
+    the highest byte) after a ``.``: (their value, bad mask)."""
+    dot = np.uint64(8 * (7 - places))
+    bad = ((word >> dot) & np.uint64(0xFF)) != np.uint64(ord("."))
+    keep = _ALL_BYTES << (dot + np.uint64(8))
+    value, ok = eight_digits((word & keep) | (_DIGIT_ZEROS & ~keep))
+    return value, bad | ~ok
+
+
+def eight_digits(word: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(value, ok) of 8-byte words that should hold 8 ASCII digits (little-endian: the first digit in
+    the lowest byte), with SWAR arithmetic: ``ok`` is False where a byte is no digit (simdjson's
+    ``is_made_of_eight_digits_fast``), the value the digits' decimal number (``parse_eight_digits``)."""
+    high = np.uint64(0xF0F0F0F0F0F0F0F0)
+    ok = ((word & high) | (((word + np.uint64(0x0606060606060606)) & high) >> np.uint64(4))) == np.uint64(
+        0x3333333333333333
+    )
+    v = word - _DIGIT_ZEROS
+    v = v * np.uint64(10) + (v >> np.uint64(8))
+    pairs = np.uint64(0x000000FF000000FF)
+    v = (v & pairs) * np.uint64(100 + (1_000_000 << 32)) + ((v >> np.uint64(16)) & pairs) * np.uint64(
+        1 + (10_000 << 32)
+    )
+    return v >> np.uint64(32), ok
 
 
 def _parse_uniform(data: np.ndarray, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
