@@ -6,10 +6,43 @@ a read that failed is reported as data (``error`` set), never raised out of :met
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+_T = TypeVar("_T")
 
 
+def quick_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an ``__init__`` that sets each slot through its descriptor's
+    setter, bound once: the generated one looks ``object.__setattr__`` up for every field of every
+    instance (twice the time: ~1.1 us instead of ~2.1 for a GpuSample here, and the daemon builds 16 of
+    them 10 times a second). The same parameters, in the same order, with the same defaults; plain
+    defaults only (no ``default_factory``, no ``__post_init__``). ``tests/watchdog/test_samples_init``
+    checks it against the generated one."""
+    params, body, names = [], [], {}
+    for i, f in enumerate(dataclasses.fields(cls)):  # type: ignore[arg-type]
+        if f.default_factory is not dataclasses.MISSING or not f.init:
+            raise TypeError(f"{cls.__name__}.{f.name}: quick_init takes plain fields and defaults only")
+        if f.default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            names[f"_default{i}"] = f.default
+            params.append(f"{f.name}=_default{i}")
+        names[f"_set{i}"] = getattr(cls, f.name).__set__
+        body.append(f"    _set{i}(self, {f.name})")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}: quick_init does not call __post_init__")
+    source = f"def __init__(self, {', '.join(params)}) -> None:\n" + "\n".join(body)
+    namespace: dict[str, Any] = {}
+    exec(source, names, namespace)  # as dataclasses itself writes __init__
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
+
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """One reading of one GPU at ``time_s`` (epoch seconds, or seconds from the start of a recording)."""
