@@ -1,5 +1,6 @@
-"""GpuSample's quick ``__init__`` (model/samples.quick_init, issue 30) against the one dataclasses
-writes: the same parameters, order, defaults and refusals; the instance still frozen."""
+"""The quick ``__init__`` (model/samples.quick_init, issue 30) of the values the daemon builds 16 at a
+time - GpuSample, GpuStatus, RankProcess - against the one dataclasses writes: the same parameters,
+order, defaults and refusals; the instances still frozen."""
 
 from __future__ import annotations
 
@@ -11,45 +12,58 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_triage.model.samples import GpuSample, quick_init
+from gpu_triage.model.snapshot import GpuStatus
+from gpu_triage.signals.ranks import RankProcess
 
-FIELDS = dataclasses.fields(GpuSample)
-Reference = dataclasses.make_dataclass(
-    "Reference",
-    [(f.name, f.type, dataclasses.field(default=f.default)) for f in FIELDS],
-    frozen=True,
-    slots=True,
-)
+QUICK = (GpuSample, GpuStatus, RankProcess)
+
+
+def reference(cls: type) -> type:
+    """``cls`` as dataclasses makes it, with its generated ``__init__``."""
+    fields = [(f.name, f.type, dataclasses.field(default=f.default)) for f in dataclasses.fields(cls)]
+    return dataclasses.make_dataclass(f"Reference{cls.__name__}", fields, frozen=True, slots=True)
+
+
+REFERENCES = {cls: reference(cls) for cls in QUICK}
 VALUES = st.one_of(st.none(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5), st.just(()))
 
 
-def values(obj: Any) -> tuple[Any, ...]:
-    return tuple(getattr(obj, f.name) for f in FIELDS)
+def values(cls: type, obj: Any) -> tuple[Any, ...]:
+    return tuple(getattr(obj, f.name) for f in dataclasses.fields(cls))
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    positional=st.lists(VALUES, min_size=2, max_size=len(FIELDS)),
-    keywords=st.dictionaries(st.sampled_from([f.name for f in FIELDS]), VALUES, max_size=6),
-)
-def test_the_quick_init_takes_what_the_generated_one_takes(
-    positional: list[Any], keywords: dict[str, Any]
-) -> None:
-    keywords = {k: v for k, v in keywords.items() if k not in [f.name for f in FIELDS[: len(positional)]]}
-    assert values(GpuSample(*positional, **keywords)) == values(Reference(*positional, **keywords))
+@given(cls=st.sampled_from(QUICK), data=st.data())
+def test_the_quick_init_takes_what_the_generated_one_takes(cls: type, data: st.DataObject) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    required = sum(f.default is dataclasses.MISSING for f in dataclasses.fields(cls))
+    positional = data.draw(st.lists(VALUES, min_size=required, max_size=len(names)))
+    keywords = data.draw(
+        st.dictionaries(st.sampled_from(names[len(positional) :] or ["_"]), VALUES, max_size=6)
+    )
+    keywords.pop("_", None)
+    assert values(cls, cls(*positional, **keywords)) == values(cls, REFERENCES[cls](*positional, **keywords))
 
 
-def test_the_quick_init_refuses_what_the_generated_one_refuses() -> None:
-    for args, kwargs in [((1,), {}), ((), {"time_s": 1.0}), ((1, 2.0), {"gpu": 3}), ((1, 2.0), {"nope": 1})]:
-        for cls in (GpuSample, Reference):
+@pytest.mark.parametrize("cls", QUICK)
+def test_the_quick_init_refuses_what_the_generated_one_refuses(cls: type) -> None:
+    n = len(dataclasses.fields(cls))
+    for args, kwargs in [((1,), {}), ((), {}), ((*range(n),), {"nope": 1}), ((*range(n + 1),), {})]:
+        for made in (cls, REFERENCES[cls]):
             with pytest.raises(TypeError):
-                cls(*args, **kwargs)
+                made(*args, **kwargs)
+    first = dataclasses.fields(cls)[0].name
     with pytest.raises(TypeError):
-        GpuSample(*range(len(FIELDS) + 1))
-    sample = GpuSample(gpu=1, time_s=2.0)
-    assert sample.pids == () and sample.errors == () and sample.error is None
+        cls(*range(n), **{first: 0})  # given twice
+    one = cls(*range(n))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        sample.gpu = 2  # type: ignore[misc]
-    assert sample == GpuSample(1, 2.0) and hash(sample) == hash(GpuSample(1, 2.0))
+        setattr(one, first, 5)
+    assert one == cls(*range(n)) and hash(one) == hash(cls(*range(n)))
+
+
+def test_gpu_samples_defaults() -> None:
+    sample = GpuSample(gpu=1, time_s=2.0)
+    assert sample.pids == () and sample.errors == () and sample.error is None and sample.power_w is None
 
 
 def test_quick_init_takes_plain_fields_only() -> None:

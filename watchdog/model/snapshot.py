@@ -12,9 +12,11 @@ from typing import Any
 from gpu_triage.model.evidence import JobEvidence, evidence_dict
 from gpu_triage.model.findings import Finding
 from gpu_triage.model.health import UNKNOWN_HEALTH, Blame, NodeHealth
+from gpu_triage.model.samples import quick_init
 from gpu_triage.model.states import GpuState, Mode, Verdict
 
 
+@quick_init  # built 16 at a time (model/samples.quick_init)
 @dataclass(frozen=True, slots=True)
 class GpuStatus:
     gpu: int

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpu_triage.model.names import safe_job_key
+from gpu_triage.model.samples import quick_init
 from gpu_triage.signals.cgroups import parse_cgroup_path
 from gpu_triage.signals.slurm_identity import job_name as slurm_job_name
 
@@ -235,6 +236,7 @@ def choose_gpu(nvml_gpus: Sequence[int], env_gpu: int | None) -> int | None:
     return None
 
 
+@quick_init  # built 16 at a time (model/samples.quick_init)
 @dataclass(frozen=True, slots=True)
 class RankProcess:
     job: str
