@@ -105,7 +105,7 @@ def run(quick: bool = False) -> None:
             parse.DIRECT = direct
             took = best_of(lambda: read_rows(path), 1)
             reader_s, arrow_s = (min(reader_s, took), arrow_s) if direct else (reader_s, min(arrow_s, took))
-    parse.DIRECT = True
+    parse.DIRECT = None  # triage's own choice again (parse.direct_first)
     line("bytes only (read in blocks)", size_mb / bytes_s, "MB/s")
     line("reader", size_mb / reader_s, "MB/s", baseline=size_mb / bytes_s, baseline_name="bytes only")
     rate = rows / reader_s
@@ -130,7 +130,7 @@ def run(quick: bool = False) -> None:
     cpu_s = min(cpu_seconds(lambda: read_rows(path)) for _ in range(repeat))
     parse.DIRECT = False
     arrow_cpu_s = min(cpu_seconds(lambda: read_rows(path)) for _ in range(repeat))
-    parse.DIRECT = True
+    parse.DIRECT = None  # triage's own choice again (parse.direct_first)
     line(
         "reader rows per CPU second (all threads)",
         rows / cpu_s,

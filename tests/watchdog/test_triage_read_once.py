@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_triage.recordings import nvsmi_csv
+from gpu_triage.recordings import nvsmi_csv, parse
 from gpu_triage.triage import engine
 from gpu_triage.triage.engine import TriageOptions, triage_file
 
@@ -100,6 +100,7 @@ def test_triage_hands_the_gil_over_quickly_while_reading_ahead_and_restores_it(
         return real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine, "_triage", spy)
+    monkeypatch.setattr(engine, "READ_AHEAD", True)  # whatever this machine's CPUs would choose
     before = sys.getswitchinterval()
     triage_file(path, OPTS)
     assert seen and all(s <= engine.GIL_SWITCH_S for s in seen)
@@ -108,3 +109,24 @@ def test_triage_hands_the_gil_over_quickly_while_reading_ahead_and_restores_it(
     seen.clear()
     triage_file(path, OPTS)
     assert seen == [before]
+
+
+@pytest.mark.parametrize(
+    ("cpus", "reads_ahead", "direct_first"), [(1, False, True), (2, True, False), (64, True, False)]
+)
+def test_by_default_two_cpus_read_ahead_through_arrow_and_one_decodes_directly_on_one_thread(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, reads_ahead: bool, direct_first: bool
+) -> None:
+    """Arrow parses on its own threads without the GIL: with a second CPU it and the read-ahead win the
+    wall time; on one CPU the threads only take turns and the direct decoder on one thread wins. A
+    setting of either flag overrides the choice."""
+    monkeypatch.setattr(engine, "READ_AHEAD", None)
+    monkeypatch.setattr(parse, "DIRECT", None)
+    monkeypatch.setattr(engine, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(parse, "usable_cpus", lambda: cpus)
+    assert engine._reads_ahead() is reads_ahead
+    assert parse.direct_first() is direct_first
+    monkeypatch.setattr(engine, "READ_AHEAD", not reads_ahead)
+    monkeypatch.setattr(parse, "DIRECT", not direct_first)
+    assert engine._reads_ahead() is not reads_ahead
+    assert parse.direct_first() is not direct_first
