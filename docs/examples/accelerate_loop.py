@@ -57,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 accelerator.save_state(str(Path(args.out) / f"step-{step}"))  # announced: checkpoint
     accelerator.wait_for_everyone()
     unwatch(accelerator)  # <- done
+    accelerator.end_training()
+    if torch.distributed.is_initialized():  # not left to interpreter exit (gloo's threads can abort it)
+        torch.distributed.destroy_process_group()
     return 0
 
 

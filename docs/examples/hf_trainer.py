@@ -95,6 +95,10 @@ def build(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> T
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     build(argv, callbacks).train()
+    # The Trainer leaves the process group up; one torn down at interpreter exit instead can abort
+    # (gloo's threads: "terminate called without an active exception", SIGABRT after a good run).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 
