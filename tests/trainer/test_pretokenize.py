@@ -117,9 +117,7 @@ def test_interrupted_process_resumes(tmp_path: Path, tokenizer_dir: Path) -> Non
     """A real interruption: SIGINT to a running multi-process pretokenize after some shards are done;
     the rerun keeps those shards and produces the same cache as an uninterrupted run."""
     corpus = tmp_path / "corpus"
-    # ~7.5 MB of JSONL: three dozen shards, so that some are still to do when the SIGINT lands (with 6000
-    # texts, a dozen shards, the suite's 2 workers per core sometimes let the run finish first)
-    texts = synthetic_texts(18000, seed=3, mean_words=60)
+    texts = synthetic_texts(6000, seed=3, mean_words=60)
     for i in range(4):
         write_jsonl(corpus / f"part-{i}.jsonl", texts[i::4])
     out = tmp_path / "cache"
@@ -143,7 +141,7 @@ def test_interrupted_process_resumes(tmp_path: Path, tokenizer_dir: Path) -> Non
         ]
 
     cmd = command(out, 2)
-    # --shard-mb 1: each shard a fraction of a second
+    # --shard-mb 1 on ~2.5 MB of JSONL: a dozen-odd shards, each a fraction of a second
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
