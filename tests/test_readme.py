@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -47,12 +48,6 @@ def quick_start_commands(text: str) -> list[str]:
             if command and not command.startswith("#"):
                 commands.append(command)
     return commands
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shell(command: str, cwd: Path, port: int | None = None) -> subprocess.CompletedProcess[str]:

@@ -31,15 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.ports import free_port
+
 NODE = "wdnode"
 REPO = Path(__file__).resolve().parents[2]
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmdbd", "sbatch", "squeue", "scancel", "sacct", "scontrol")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def first_binary(*names: str) -> str | None:

@@ -11,7 +11,6 @@ another node goes to Slack only.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -27,6 +26,7 @@ import yaml
 
 from gpu_triage.model.runbook import DEFAULT_RUNBOOK_BASE
 from tests.conftest import REPO, require_binary
+from tests.ports import free_port
 
 CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 RULES = REPO / "deploy" / "prometheus" / "gpu-watchdog.rules.yml"
@@ -115,12 +115,6 @@ class Receivers:
     def received(self, prefix: str) -> list[dict[str, Any]]:
         with self.lock:
             return [body for path, body in self.posts if path.startswith(prefix)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def loopback_config(tmp_path: Path, receivers: Receivers) -> Path:

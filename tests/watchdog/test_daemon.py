@@ -23,15 +23,10 @@ from gpu_triage.model.states import GpuState, Verdict
 from gpu_triage.telemetry.none import NoneSource
 from gpu_triage.telemetry.nvml import NvmlSource
 from tests.conftest import REPO, require_binary
+from tests.ports import free_port
 from tests.watchdog import fake_nvml
 
 GPU_WATCHDOG = [sys.executable, "-m", "gpu_triage"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.25):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -54,6 +53,7 @@ from gpu_triage.serving.metrics import METRIC_NAMES
 from gpu_triage.serving.publish import SnapshotHolder
 from gpu_triage.signals.fleet.facts import NodeJobFacts, RankFacts
 from tests.conftest import REPO, require_binary
+from tests.ports import free_port
 from tests.watchdog.snapshots import gpu_status, rank_status
 
 DASHBOARD = REPO / "deploy" / "grafana" / "gpu-watchdog.json"
@@ -307,12 +307,6 @@ class Publisher:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join(2.0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def dcgm_exposition(hostname: str, gpus: int = 8) -> str:
