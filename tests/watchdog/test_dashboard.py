@@ -416,7 +416,7 @@ class Prometheus:
                 raise AssertionError(f"prometheus exited ({self.process.returncode}):\n{self.logs()}")
             try:
                 result = check()
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):  # ValueError: a body not JSON yet (503 while it starts)
                 result = None
             if result:
                 return result
