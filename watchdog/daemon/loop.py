@@ -135,9 +135,9 @@ class Daemon:
         self._last_process_s: float | None = None
         self._jobs: tuple[JobStatus, ...] = ()
         self._signal_status: dict[str, Any] | None = None
+        """The registered signals' status as the last process period (or health change) left it."""
         self._action_counters: dict[tuple[str, str], int] | None = None
         """The action engine's counters as the last process period left them (Snapshot.actions)."""
-        """The registered signals' status as the last process period (or health change) left it."""
         self._last_sample_time: float | None = None
         self._wall: float | None = None
         self._sample_duration_s = 0.0

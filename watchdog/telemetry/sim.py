@@ -125,9 +125,9 @@ class SimSource:
         """Per phase index: the [G] rows of the scenario's table that :meth:`sample` reads."""
         self._starts: tuple[list[float], float] | None = None
         self._noise_blocks: dict[int, tuple[int, np.ndarray]] = {}
+        """Per noise channel: (first tick, noise of :data:`NOISE_BLOCK` ticks from it)."""
         self._chunk: tuple[int, int, list[list[float]], list[list[float]]] | None = None
         """(phase index, first tick, power rows, utilisation rows) of the ticks computed last."""
-        """Per noise channel: (first tick, noise of :data:`NOISE_BLOCK` ticks from it)."""
         self.pids_by_gpu: dict[int, tuple[int, ...]] = {}
         """Processes to report per GPU (a simulated job's ranks), set with :meth:`attach_pids`."""
         sc = self.scenario
