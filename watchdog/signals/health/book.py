@@ -76,6 +76,8 @@ class HealthBook:
         self, gpus: Iterable[tuple[int, str | None]] = (), settings: BookSettings = BookSettings()
     ) -> None:
         self.settings = settings
+        self._version = 0
+        """Bumped by every change of what :meth:`node_health` reads (the daemon asks 10 times a second)."""
         self._gpus: dict[int, str | None] = {}
         self._by_bus: dict[tuple[int, int, int], int] = {}
         self.set_gpus(gpus)
@@ -92,8 +94,6 @@ class HealthBook:
         self.read_errors: tuple[str, ...] = ()
         self.dropped = 0
         """Held findings refused because :data:`MAX_HELD` were held."""
-        self._version = 0
-        """Bumped by every change of what :meth:`node_health` reads (the daemon asks 10 times a second)."""
         self._verdict: tuple[tuple[int, BookSettings, tuple[str, ...]], float, NodeHealth] | None = None
         """The last verdict: (version, settings, extra errors) it was made from, and until when it holds
         (the first held finding's expiry)."""
@@ -102,7 +102,7 @@ class HealthBook:
         """The node's GPUs: index and PCI bus id (the kernel log names a GPU by its bus id)."""
         self._gpus = {int(g): bus for g, bus in gpus}
         self._by_bus = {}
-        self._version = getattr(self, "_version", 0) + 1
+        self._version += 1
         for g, bus in self._gpus.items():
             key = pci_key(bus)
             if key is not None:
