@@ -1,11 +1,12 @@
-"""One block of complete lines -> a :class:`Block` of arrays: directly, else through ``pyarrow.csv``.
+"""One block of complete lines -> a :class:`Block` of arrays, through ``pyarrow.csv`` or directly.
 
-First :mod:`gpu_triage.recordings.direct` decodes the block from its bytes with numpy (the usual
-nvidia-smi block: every line alike, no missing value); a block it does not vouch for comes here.
-The Arrow path: ``pyarrow.csv`` reads the block with every wanted column as a string (multi-threaded
-C++), :func:`~gpu_triage.recordings.blocks.line_numbers` finds each row's file line with byte counts,
-and :mod:`gpu_triage.recordings.cells` turns the columns into arrays - the columns on a small thread
-pool, since pyarrow.compute and numpy release the GIL. Only when something is wrong - Arrow refuses
+Where the process has one CPU (:func:`direct_first`), :mod:`gpu_triage.recordings.direct` first decodes
+the block from its bytes with numpy (the usual nvidia-smi block: every line alike, no missing value);
+a block it does not vouch for - and every block where there are more CPUs - takes the Arrow path:
+``pyarrow.csv`` reads the block with every wanted column as a string (multi-threaded C++),
+:func:`~gpu_triage.recordings.blocks.line_numbers` finds each row's file line with byte counts, and
+:mod:`gpu_triage.recordings.cells` turns the columns into arrays - the columns on a small thread pool,
+since pyarrow.compute and numpy release the GIL. Only when something is wrong - Arrow refuses
 a line, a value does not parse, a lone carriage return - does the slow path
 (:func:`~gpu_triage.recordings.blocks.scan`) look at the lines one by one, to name the exact line and
 field, or to drop lines Arrow cannot know to skip (``"   "``, a repeated header). Of several bad cells
@@ -53,8 +54,7 @@ def direct_first() -> bool:
     ``pyarrow.csv`` parses on its own C++ threads without the GIL; the direct decoder is a series of
     numpy calls with the GIL held between them. With two CPUs or more Arrow wins the wall time
     (triage of the 4.8 M-row benchmark file, 2 idle cores: 4.9 M rows/s against 4.0 M), on one CPU
-    its threads only take turns and the direct decoder wins (``taskset -c 0``: 3.9 M against 3.2 M).
-    The direct decoder always spends less CPU: 1.12x the rows per CPU second."""
+    its threads only take turns and the direct decoder wins (``taskset -c 0``: 3.9 M against 3.2 M)."""
     return DIRECT if DIRECT is not None else usable_cpus() < 2
 
 
