@@ -49,31 +49,31 @@ compute floor and the spin ceiling (a plain tuple: 16 of them 10 times a second)
 
 
 def status_rows(inputs: Sequence[StatusInput]) -> tuple[GpuStatus, ...]:
-    """The snapshot's GPU rows (built positionally, in GpuStatus's field order; the tests read every
-    field by name). Pure: any thread may make them from the values the loop took."""
+    """The snapshot's GPU rows. Pure: any thread may make them from the values the loop took; the loop
+    makes them once per process period, a reader when it builds a snapshot (not 10 times a second)."""
     out = []
     for s, model, limit_w, state, since_s, read_errors, impossible, floor_w, ceiling_w in inputs:
         ok = s.error is None
         out.append(
             GpuStatus(
-                s.gpu,
-                s.uuid,
-                s.name,
-                model,
-                s.power_w if ok else None,
-                limit_w,  # power_limit_w
-                s.utilization_ratio if ok else None,
-                s.memory_used_bytes if ok else None,
-                state,
-                since_s,  # state_since
-                s.energy_j if ok else None,
-                s.temperature_c if ok else None,
-                s.sm_clock_mhz if ok else None,
-                read_errors,  # read_errors_total
-                impossible,  # impossible_power_limits_total
-                floor_w,  # compute_floor_w
-                ceiling_w,  # spin_ceiling_w
-                s.pci_bus_id,
+                gpu=s.gpu,
+                uuid=s.uuid,
+                name=s.name,
+                model=model,
+                power_w=s.power_w if ok else None,
+                power_limit_w=limit_w,
+                utilization_ratio=s.utilization_ratio if ok else None,
+                memory_used_bytes=s.memory_used_bytes if ok else None,
+                state=state,
+                state_since=since_s,
+                energy_j=s.energy_j if ok else None,
+                temperature_c=s.temperature_c if ok else None,
+                sm_clock_mhz=s.sm_clock_mhz if ok else None,
+                read_errors_total=read_errors,
+                impossible_power_limits_total=impossible,
+                compute_floor_w=floor_w,
+                spin_ceiling_w=ceiling_w,
+                pci_bus_id=s.pci_bus_id,
             )
         )
     return tuple(out)
