@@ -1,8 +1,8 @@
 """Recorded GPU telemetry: reading nvidia-smi CSV logs (``nvsmi_csv``), vectorised and chunked.
 
 ``nvsmi_csv`` is the public reader; it composes one module per concern: ``layout`` (header, columns,
-units), ``blocks`` (blocks of lines and their line numbers), ``parse`` (a block into arrays: first
-``direct`` - the bytes decoded with numpy - and, for a block it does not vouch for, pyarrow.csv),
+units), ``blocks`` (blocks of lines and their line numbers), ``parse`` (a block into arrays: pyarrow.csv,
+or on one CPU first ``direct`` - the bytes decoded with numpy),
 ``cells`` (a column into arrays), ``timestamps``, ``gpu_assign`` and ``gpu_count`` (which GPU a row
 is), ``values`` (what the reader hands out) and ``errors``.
 

@@ -24,10 +24,10 @@ How it is read, one concern per module (each readable alone):
 * :mod:`~gpu_triage.recordings.layout` - the header line, the column layout and units;
 * :mod:`~gpu_triage.recordings.blocks` - blocks of complete lines read into one reused buffer, the
   file line of each row, the truncated-last-line rule, the line-by-line scan of the error path;
-* :mod:`~gpu_triage.recordings.parse` - one block into arrays: first
-  :mod:`~gpu_triage.recordings.direct` (the bytes decoded with numpy: separators, numbers and
-  timestamps, no strings), and for a block it does not vouch for ``pyarrow.csv`` (fast path, slow
-  path, the column thread pool), which gives the same arrays or names the bad line and field;
+* :mod:`~gpu_triage.recordings.parse` - one block into arrays through ``pyarrow.csv`` (fast path,
+  slow path, the column thread pool), which names a bad line and field; where the process has one
+  CPU, first :mod:`~gpu_triage.recordings.direct` (the bytes decoded with numpy: separators, numbers
+  and timestamps, no strings; the same arrays) for the blocks it vouches for;
 * :mod:`~gpu_triage.recordings.cells` - one column of cells into numbers, timestamps or GPU indices;
 * :mod:`~gpu_triage.recordings.gpu_assign` (with :mod:`~gpu_triage.recordings.gpu_count`) - the GPU
   count and each row's board index;
