@@ -39,6 +39,7 @@ from gpu_triage.classify.power_table import Box, PowerTable
 from gpu_triage.model.states import GPU_STATES, GpuState
 
 _FIRST_BLOCK = 64
+"""Samples :func:`_first_change` examines first (then fourfold more each round)."""
 _EMPTY_F = np.empty(0, dtype=np.float64)
 _EMPTY_I = np.empty(0, dtype=np.int8)
 
@@ -170,7 +171,7 @@ def _first_change(
     -1 when none does."""
     # (numpy's methods and 1-D indexes: this runs once per state change, on small arrays, where the
     # call overhead is most of the cost)
-    block = 64
+    block = _FIRST_BLOCK
     flat = counts.reshape(-1)
     row = counts.shape[1]
     unknown_row = UNKNOWN_CODE * row
