@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_triage.signals.procfs import parse_stat
+
 WARM_UP_S = 12.0
 
 
@@ -38,8 +40,9 @@ def _threads() -> dict[str, tuple[str, float]]:
                 data = f.read()
         except OSError:
             continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        out[tid] = (names.get(tid, tid), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+        st = parse_stat(data)  # the daemon's own stat parser (signals/procfs)
+        if st is not None:
+            out[tid] = (names.get(tid, tid), st.cpu_time_s)
     return out
 
 
