@@ -16,12 +16,22 @@ daemon's per-second work at 16 ranks (issue 30). The values are psutil's, comput
 
 A vanished process raises :class:`Gone` (psutil's ``NoSuchProcess``), an unreadable ``stat``
 :class:`Denied`. Where there is no ``/proc`` (:data:`AVAILABLE` false) the inspector keeps psutil.
+
+Kept open (issue 30): a rank's ``stat`` and ``io`` are opened once (:class:`ProcFiles`) and read with
+``pread`` each period - an open ``/proc/<pid>`` file names the process, not the number: once that
+process is reaped every read fails with ``ESRCH`` (:class:`Gone`), even when the pid names a new
+process by then. :func:`pid_exists` keeps a pidfd per pid it said yes to. :func:`identity` is one read
+of ``stat`` with what tells one program run in a process from the next: the inspector keeps what it
+read about a process (command line, environment, owner, cgroup) until that changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import psutil
@@ -115,6 +125,10 @@ def read_io(pid: int) -> tuple[int, int, int, int] | None:
         if e.errno in _GONE:
             raise Gone(pid) from None
         return None
+    return _parse_io(data)
+
+
+def _parse_io(data: bytes) -> tuple[int, int, int, int] | None:
     values: dict[bytes, int] = {}
     for line in data.splitlines():
         name, _, value = line.partition(b":")
@@ -126,6 +140,120 @@ def read_io(pid: int) -> tuple[int, int, int, int] | None:
         return values[b"read_bytes"], values[b"write_bytes"], values[b"rchar"], values[b"wchar"]
     except KeyError:
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcIdentity:
+    """Who a pid is now, from one read of ``stat``: its parent and session (which may change), its
+    start time, and ``program`` - its command name and where its argument and environment blocks lie
+    in its memory (new with every ``execve``: a different place on a randomised stack, a different
+    size); all zero where the reader may not look into the process (another user's, without
+    ``CAP_SYS_PTRACE``) or it has no memory (a zombie, a kernel thread)."""
+
+    ppid: int
+    sid: int
+    start_ticks: int
+    program: tuple[bytes, int, int, int, int]
+    kernel_thread: bool
+
+    @property
+    def stable(self) -> bool:
+        """Whether what was read about this (pid, start, program) holds until ``program`` changes: a
+        kernel thread never runs another program; a process whose blocks cannot be seen may have run
+        one since (a fork reads as its parent until its ``execve``)."""
+        return self.kernel_thread or any(self.program[1:])
+
+
+_PF_KTHREAD = 0x00200000
+
+
+def identity(pid: int) -> ProcIdentity | None:
+    """:class:`ProcIdentity` of ``pid``; None where it is gone or ``stat`` cannot be read."""
+    try:
+        data = _read(f"{PROC}/{pid}/stat", MAX_STAT_BYTES)
+    except OSError:
+        return None
+    close = data.rfind(b")")
+    fields = data[close + 2 :].split()
+    try:
+        blocks = (
+            (int(fields[45]), int(fields[46]), int(fields[47]), int(fields[48]))
+            if len(fields) > 48
+            else (0, 0, 0, 0)
+        )
+        return ProcIdentity(
+            int(fields[1]),
+            int(fields[3]),
+            int(fields[19]),
+            (data[data.find(b"(") + 1 : close], *blocks),
+            bool(int(fields[6]) & _PF_KTHREAD),
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def pids() -> list[int]:
+    """Every process id in ``/proc`` (one ``listdir``)."""
+    return [int(name) for name in os.listdir(PROC) if name.isdigit()]
+
+
+class ProcFiles:
+    """One process's ``stat`` and ``io``, opened once and read with ``pread`` (see the module doc):
+    :meth:`stat` and :meth:`io` answer as :func:`read_stat` and :func:`read_io`. :meth:`close` when
+    done; a read that finds the process gone closes them itself."""
+
+    __slots__ = ("_io", "_stat", "pid")
+
+    def __init__(self, pid: int) -> None:
+        """Raises :class:`Gone` (no such process) or :class:`Denied` (``stat`` cannot be opened)."""
+        self.pid = pid
+        self._io: int | None = None
+        try:
+            self._stat: int | None = os.open(f"{PROC}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno in _GONE:
+                raise Gone(pid) from None
+            raise Denied(f"{pid}: {e.strerror}") from None
+
+    def stat(self, start_ticks: int | None = None) -> ProcStat:
+        if self._stat is None:
+            raise Gone(self.pid)
+        try:
+            data = os.pread(self._stat, MAX_STAT_BYTES, 0)
+        except OSError as e:
+            if e.errno in _GONE:
+                self.close()
+                raise Gone(self.pid) from None
+            raise Denied(f"{self.pid}: {e.strerror}") from None
+        st = parse_stat(data)
+        if st is None:
+            raise Denied(f"{self.pid}: unexpected stat format")
+        if start_ticks is not None and st.start_ticks != start_ticks:
+            self.close()
+            raise Gone(self.pid)
+        return st
+
+    def io(self) -> tuple[int, int, int, int] | None:
+        """As :func:`read_io`; a file that cannot be opened (another user's process) is tried again
+        next time, as a fresh read would be."""
+        if self._stat is None:
+            raise Gone(self.pid)
+        try:
+            if self._io is None:
+                self._io = os.open(f"{PROC}/{self.pid}/io", os.O_RDONLY | os.O_CLOEXEC)
+            data = os.pread(self._io, 1024, 0)
+        except OSError as e:
+            if e.errno in _GONE:
+                self.close()
+                raise Gone(self.pid) from None
+            return None
+        return _parse_io(data)
+
+    def close(self) -> None:
+        for fd in (self._stat, self._io):
+            if fd is not None:
+                os.close(fd)
+        self._stat = self._io = None
 
 
 _LEADERS_MAX = 4096
@@ -156,4 +284,62 @@ def pid_exists(pid: int) -> bool:
     return exists
 
 
-__all__ = ["AVAILABLE", "Denied", "Gone", "ProcStat", "parse_stat", "pid_exists", "read_io", "read_stat"]
+class PidCheck:
+    """:func:`pid_exists` for the pids asked about every process period (the progress reader's): a
+    pid said to exist keeps a pidfd, and the next answers are one ``pidfd_send_signal(fd, 0)`` - no
+    file read, no parsing - until that process is reaped (``ESRCH``: the pid is asked about afresh,
+    it may name another process by now). A zombie still exists, as for psutil. At most
+    :attr:`max_fds` pidfds; :meth:`retain` closes those of pids no longer asked about."""
+
+    def __init__(self, max_fds: int = 256) -> None:
+        self.max_fds = max_fds
+        self._fds: dict[int, int] = {}
+        self.fresh_checks = 0
+        """Answers that needed :func:`pid_exists` (a pid not held, or its process gone)."""
+
+    def __call__(self, pid: int) -> bool:
+        fd = self._fds.get(pid)
+        if fd is not None:
+            try:
+                signal.pidfd_send_signal(fd, 0)
+                return True
+            except PermissionError:  # another user's process: it exists
+                return True
+            except OSError:  # reaped: the pid may name another process now
+                del self._fds[pid]
+                os.close(fd)
+        self.fresh_checks += 1
+        exists = pid_exists(pid)
+        if exists and pid > 0 and AVAILABLE and len(self._fds) < self.max_fds:
+            # no pidfds here (Linux < 5.3), or gone meanwhile: asked afresh next time
+            with contextlib.suppress(AttributeError, OSError):
+                self._fds[pid] = os.pidfd_open(pid)
+        return exists
+
+    def retain(self, pids: Collection[int]) -> None:
+        """Close the pidfds of every pid not in ``pids``."""
+        for pid in [p for p in self._fds if p not in pids]:
+            os.close(self._fds.pop(pid))
+
+    def close(self) -> None:
+        self.retain(())
+
+    def __del__(self) -> None:
+        self.close()
+
+
+__all__ = [
+    "AVAILABLE",
+    "Denied",
+    "Gone",
+    "PidCheck",
+    "ProcFiles",
+    "ProcIdentity",
+    "ProcStat",
+    "identity",
+    "parse_stat",
+    "pid_exists",
+    "pids",
+    "read_io",
+    "read_stat",
+]

@@ -160,13 +160,17 @@ class ProgressReader:
         directory: Path,
         *,
         stale_after_s: float = STALE_AFTER_S,
-        pid_exists: Callable[[int], bool] = procfs.pid_exists,
+        pid_exists: Callable[[int], bool] | None = None,
         host: str | None = None,
     ) -> None:
         """``pid_exists`` is consulted for files whose ``host`` is this node (``host``, default the
-        host name); it is injectable for tests."""
+        host name); it is injectable for tests. None: a :class:`~gpu_triage.signals.procfs.PidCheck`
+        (a pidfd kept per live pid: one system call a file a period)."""
         self.directory = Path(directory)
         self.stale_after_s = stale_after_s
+        self._pid_check: procfs.PidCheck | None = None
+        if pid_exists is None:
+            self._pid_check = pid_exists = procfs.PidCheck()
         self._pid_exists = pid_exists
         self.host = socket.gethostname() if host is None else host
         self._cache: dict[Path, _Cached] = {}
@@ -252,6 +256,8 @@ class ProgressReader:
             live, stale = jobs.setdefault(record.job, ({}, {}))
             (stale if reason else live)[record.rank] = view
         self.tracker.forget(keep)
+        if self._pid_check is not None:
+            self._pid_check.retain(exists)
         self._live_dirs = live_dirs
         errors = _bounded(errors)
         self._log_errors(errors)
