@@ -228,6 +228,7 @@ class Observer:
 
     def close(self) -> None:
         self.signals.close()
+        self.inspector.close()
 
     def observe(
         self,

@@ -67,8 +67,8 @@ from gpu_triage.signals.ranks import (
 )
 
 DEAD_STATUSES = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
-ProcInfo = tuple[int | None, list[str], psutil.Process | None]
-"""(ppid, command line, process) of one pid; the process None where it could not be read."""
+ProcInfo = tuple[int | None, list[str], "_Known | None"]
+"""(ppid, command line, what is known) of one pid; the last None where it could not be read."""
 GroupKey = tuple[str, int | None, str | None]
 
 
@@ -190,6 +190,56 @@ class _Tracked:
     pgid: int | None = None
     start_ticks: int | None = None
     """The process's start time in clock ticks since boot, as ``/proc`` first showed it (pid reuse)."""
+    files: procfs.ProcFiles | None = None
+    """Its ``stat`` and ``io``, kept open while it is tracked (None: not opened yet, or gone)."""
+
+    def close(self) -> None:
+        if self.files is not None:
+            self.files.close()
+            self.files = None
+
+
+@dataclass(slots=True)
+class _Known:
+    """What discovery read about one program run in one process - its command line, owner, start
+    time, and when first asked its environment, innermost pid and cgroup - kept while ``key`` (start
+    time, :attr:`procfs.ProcIdentity.program`) stays the same: a discovery reads one ``stat`` for a
+    process it has seen, not six files (issue 30). An ``execve`` changes ``program``, and all is read
+    again; so is everything of a process whose ``program`` cannot be seen (not ``cacheable``)."""
+
+    key: tuple[object, ...]
+    proc: psutil.Process
+    cmdline: list[str]
+    cmdline_denied: bool
+    uid: int | None
+    create_time: float | None
+    cacheable: bool
+    env: tuple[RankEnv | None, bool] | None = None
+    """(rank environment, denied) once read."""
+    kernel: tuple[int | None, str | None] | None = None
+    """(innermost pid, kernel scope from the cgroup) once read."""
+
+    def environ(self) -> tuple[RankEnv | None, bool]:
+        """(the rank environment or None, whether it could not be read). Raises psutil.NoSuchProcess
+        (ZombieProcess included) where the process is gone."""
+        if self.env is not None:
+            return self.env
+        try:
+            env: tuple[RankEnv | None, bool] = (rank_env(self.proc.environ()), False)
+        except psutil.AccessDenied:
+            env = (None, True)
+        if self.cacheable:
+            self.env = env
+        return env
+
+    def kernel_facts(self, pid: int) -> tuple[int | None, str | None]:
+        """(innermost pid, kernel scope from the cgroup)."""
+        if self.kernel is not None:
+            return self.kernel
+        kernel = (_nspid(pid), kernel_scope(_read_cgroup(pid)))
+        if self.cacheable:
+            self.kernel = kernel
+        return kernel
 
 
 # --------------------------------------------------------------------------------------- inspector
@@ -218,12 +268,16 @@ class ProcessInspector:
         self.own_pid = os.getpid() if own_pid is None else own_pid
         self.scope = scope
         self._tracked: dict[int, _Tracked] = {}
-        self._procs: dict[tuple[int, float], psutil.Process] = {}
+        self._known: dict[int, _Known] = {}
+        """What discovery read about each process it looked at (see :class:`_Known`)."""
+        self._scanned: frozenset[int] = frozenset()
+        """The pids of the last environment scan (their :class:`_Known` kept until the next)."""
         self._last_discovery_s: float | None = None
         self._known_inputs: frozenset[int] = frozenset()
         self.discoveries_total = 0
         self.processes_created_total = 0
-        """psutil.Process objects built (the cache keeps this flat in steady state)."""
+        """Processes read in full - psutil.Process objects built (flat in steady state: a process seen
+        before is recognised by one read of its ``stat``)."""
         self.environ_denied_total = 0
         self.last_discovery_duration_s = 0.0
         self._untrusted: tuple[UntrustedClaim, ...] = ()
@@ -264,7 +318,8 @@ class ProcessInspector:
             view = self._measure(tracked, now_s)
             if view.gone_since_s is not None and now_s - view.gone_since_s >= self.forget_after_s:
                 del self._tracked[pid]
-                self._procs.pop((pid, tracked.create_time), None)
+                tracked.close()
+                self._known.pop(pid, None)
                 continue
             jobs.setdefault(view.job, []).append(view)
         ordered = {
@@ -273,24 +328,46 @@ class ProcessInspector:
         }
         return ProcessView(now_s, ordered, discovered, denied, self._untrusted)
 
+    def close(self) -> None:
+        """Close the files kept open for the tracked ranks (the inspector may be used again: they are
+        opened anew)."""
+        for t in self._tracked.values():
+            t.close()
+
     # -------------------------------------------------------------------------------- discovery
 
-    def _process(self, pid: int) -> tuple[psutil.Process, float] | None:
-        """The cached psutil.Process for ``pid`` (by pid and create time), or None if it is gone."""
-        tracked = self._tracked.get(pid)
+    def _look(self, pid: int) -> tuple[_Known, int | None] | None:
+        """What is known of ``pid`` and its parent now, or None where it is gone: one read of its
+        ``stat`` where the process was seen before (:class:`_Known`); else read in full, with psutil."""
+        if procfs.AVAILABLE:
+            ident = procfs.identity(pid)
+            if ident is None:
+                return None
+            key: tuple[object, ...] = (ident.start_ticks, ident.program)
+            known = self._known.get(pid)
+            if known is not None and known.key == key and known.cacheable:
+                return known, ident.ppid
+            cacheable = ident.stable
+        else:
+            key, cacheable = (), False
         try:
-            if tracked is not None and tracked.proc.is_running():
-                return tracked.proc, tracked.create_time
             proc = psutil.Process(pid)
-            create_time = proc.create_time()
+            with proc.oneshot():
+                ppid = proc.ppid()
+                try:
+                    cmdline, denied = proc.cmdline(), False
+                except psutil.AccessDenied:
+                    cmdline, denied = [], True
+                known = _Known(key, proc, cmdline, denied, _uid(proc), _create_time(proc), cacheable)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
+            self._known.pop(pid, None)
             return None
-        cached = self._procs.get((pid, create_time))
-        if cached is not None:
-            return cached, create_time
         self.processes_created_total += 1
-        self._procs[(pid, create_time)] = proc
-        return proc, create_time
+        if cacheable:
+            self._known[pid] = known
+        else:
+            self._known.pop(pid, None)
+        return known, ppid
 
     def _discover(
         self,
@@ -345,47 +422,62 @@ class ProcessInspector:
 
         tracked: dict[int, _Tracked] = {}
         for cand in ranks:
-            got = self._process(cand.pid)
-            if got is None:
+            info = infos.get(cand.pid)
+            if info is not None and info[2] is not None:
+                known = info[2]
+            else:  # a rank the last scan found, not read in this discovery
+                got = self._look(cand.pid)
+                if got is None:
+                    continue
+                known = got[0]
+            if known.create_time is None:
                 continue
-            proc, create_time = got
             previous = self._tracked.get(cand.pid)
-            same = previous is not None and previous.create_time == create_time
+            same = previous is not None and previous.create_time == known.create_time
             tracked[cand.pid] = _Tracked(
-                proc,
-                create_time,
+                known.proc,
+                known.create_time,
                 cand,
                 previous.last if same and previous else None,
                 start_ticks=previous.start_ticks if same and previous else None,
+                files=previous.files if same and previous else None,
             )
+            if same and previous:
+                previous.files = None  # moved
         for pid, old in self._tracked.items():  # keep the dead in view until forgotten
             if pid not in tracked and old.gone_since_s is not None:
                 tracked[pid] = old
+            elif tracked.get(pid) is not old:
+                old.close()
         self._tracked = tracked
-        live_keys = {(pid, t.create_time) for pid, t in tracked.items()}
-        self._procs = {k: v for k, v in self._procs.items() if k in live_keys}
+        if scan_environ:
+            self._scanned = frozenset(infos)
+        keep = self._scanned | set(infos) | set(tracked)
+        self._known = {pid: k for pid, k in self._known.items() if pid in keep}
         self.environ_denied_total += denied
         self.last_discovery_duration_s = time.perf_counter() - started
         return denied
 
     def _read_processes(self, scan_environ: bool, listed: set[int]) -> tuple[dict[int, ProcInfo], set[int]]:
-        """(ppid, command line, process) of every process (``scan_environ``) or only of the listed
-        pids, and which of them are launchers."""
+        """(ppid, command line, what is known) of every process (``scan_environ``) or only of the
+        listed pids, and which of them are launchers. A process seen before costs one read of its
+        ``stat`` (:meth:`_look`)."""
         launchers: list[int] = []
         infos: dict[int, ProcInfo] = {}
         if scan_environ:
-            for listed_proc in psutil.process_iter(["ppid", "cmdline"]):
-                info = listed_proc.info
-                infos[listed_proc.pid] = (info.get("ppid"), info.get("cmdline") or [], listed_proc)
+            for pid in procfs.pids() if procfs.AVAILABLE else psutil.pids():
+                got = self._look(pid)
+                if got is not None:
+                    known, ppid = got
+                    infos[pid] = (ppid, known.cmdline, known)
         for pid in listed - set(infos):
-            try:
-                p = psutil.Process(pid)
-                with p.oneshot():
-                    infos[pid] = (p.ppid(), p.cmdline(), p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
+            got = self._look(pid)
+            if got is None or got[0].cmdline_denied:
                 infos.setdefault(pid, (None, [], None))
-        for pid, (_, cmdline, proc) in infos.items():
-            if proc is not None and pid not in (self.own_pid, 1) and is_launcher(cmdline):
+            else:
+                infos[pid] = (got[1], got[0].cmdline, got[0])
+        for pid, (_, cmdline, seen) in infos.items():
+            if seen is not None and pid not in (self.own_pid, 1) and is_launcher(cmdline):
                 launchers.append(pid)
         launcher_set = set(launchers)
 
@@ -407,22 +499,20 @@ class ProcessInspector:
         envs: dict[int, RankEnv | None] = {}
         denied = 0
         session_scope = self.scope
-        for pid, (ppid, cmdline, proc) in infos.items():
-            if pid in (self.own_pid, 1) or proc is None or (not cmdline and pid not in listed):
+        for pid, (ppid, cmdline, known) in infos.items():
+            if pid in (self.own_pid, 1) or known is None or (not cmdline and pid not in listed):
                 continue  # ourselves, init, kernel threads, gone
             if pid in launcher_set:
                 continue
             if session_scope is not None and not (
-                session_scope.in_session(pid) and session_scope.holds(pid, _uid(proc), _create_time(proc))
+                session_scope.in_session(pid) and session_scope.holds(pid, known.uid, known.create_time)
             ):
                 continue  # not the simulated job's: never read, never judged
-            env: RankEnv | None = None
             try:
-                env = rank_env(proc.environ())
-            except psutil.AccessDenied:
-                denied += 1
+                env, env_denied = known.environ()
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
+            denied += env_denied
             gpus = tuple(sorted(nvml_gpus.get(pid, ())))
             under_launcher = launcher_above(ppid, infos, launcher_set)
             proof = tuple(
@@ -445,7 +535,7 @@ class ProcessInspector:
             # another job's GPU.
             guess_ok = cvd is not None or not nvml_gpus
             env_gpu = gpu_for_local_rank(local_rank, cvd, uuid_to_index) if guess_ok else None
-            scope = kernel_scope(_read_cgroup(pid))
+            nspid, scope = known.kernel_facts(pid)
             if env is not None and env.job:
                 job = env.job
                 if scope is not None and scope.startswith("slurm:") and job.startswith("slurm-"):
@@ -471,11 +561,11 @@ class ProcessInspector:
                 gpus=gpus,
                 found_by="nvml" if gpus else ("environ" if env else "launcher"),
                 proof=proof,
-                uid=_uid(proc),
-                nspid=_nspid(pid),
+                uid=known.uid,
+                nspid=nspid,
                 scope=scope,
                 sid=_sid(pid),
-                create_time=_create_time(proc),
+                create_time=known.create_time,
             )
         return found, envs, denied
 
@@ -484,13 +574,17 @@ class ProcessInspector:
     @staticmethod
     def _read_procfs(t: _Tracked, now_s: float) -> tuple[float | None, tuple[int, int, int, int] | None]:
         """:meth:`_measure`'s reads through ``/proc`` (:mod:`gpu_triage.signals.procfs`): status, CPU
-        time, process group and I/O in two reads, the same values psutil gives; a pid that now names
-        another process (its start time changed) is gone."""
+        time, process group and I/O in two ``pread`` of files kept open while the rank is tracked
+        (:class:`procfs.ProcFiles`), the same values psutil gives; a process reaped since (whatever
+        its pid names now), or a pid that names another process (its start time changed), is gone."""
         try:
-            st = procfs.read_stat(t.proc.pid, t.start_ticks)
-            io = procfs.read_io(t.proc.pid)
+            if t.files is None:
+                t.files = procfs.ProcFiles(t.proc.pid)
+            st = t.files.stat(t.start_ticks)
+            io = t.files.io()
         except procfs.Gone:
             t.gone_since_s, t.status = now_s, None
+            t.close()
             return None, None
         except procfs.Denied:
             t.status = None
@@ -498,6 +592,7 @@ class ProcessInspector:
         t.start_ticks, t.status, t.pgid = st.start_ticks, st.status, st.pgid
         if st.status in DEAD_STATUSES:
             t.gone_since_s = now_s
+            t.close()
         return st.cpu_time_s, io
 
     def _measure(self, t: _Tracked, now_s: float) -> RankProcess:
