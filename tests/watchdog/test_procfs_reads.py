@@ -20,19 +20,12 @@ from gpu_triage.signals import procfs
 from gpu_triage.signals.processes import ProcessInspector
 from gpu_triage.signals.progress import ProgressReader
 from gpu_triage.signals.progress_model import StaleReason
-from tests.watchdog.test_processes import (  # noqa: F401 - the fixtures
-    SLEEP,
-    T0,
-    Spawn,
-    env_visible,
-    job,
-    rank_environ,
-    spawn,
-    wait_for,
-)
+from tests.watchdog import test_processes as shared
+from tests.watchdog.test_processes import SLEEP, T0, Spawn, env_visible, rank_environ, wait_for
 
 pytestmark = pytest.mark.skipif(not procfs.AVAILABLE, reason="reads /proc")
 HOST = "node-a"
+spawn, job = shared.spawn, shared.job  # the fixtures: real processes, killed at the end; a fresh job name
 
 
 @pytest.fixture
@@ -106,7 +99,8 @@ def test_a_process_that_runs_another_program_is_read_again(spawn: Spawn, job: st
     code = (
         "import os, sys\n"
         "sys.stdin.readline()\n"
-        "os.execve(sys.executable, [sys.executable, '-c', sys.argv[1]], {**os.environ, **eval(sys.argv[2])})\n"
+        "env = {**os.environ, **eval(sys.argv[2])}\n"
+        "os.execve(sys.executable, [sys.executable, '-c', sys.argv[1]], env)\n"
     )
     p = spawn(
         [sys.executable, "-c", code, SLEEP, repr(rank_environ(job, 0, 1, cvd=None))],
