@@ -260,3 +260,25 @@ def _read_response(s: socket.socket) -> bytes:
     while len(body) < length:
         body += s.recv(65536)
     return head + b"\r\n\r\n" + body
+
+
+def _switches(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return sum(int(r.split()[1]) for r in f if r.split(":")[0].endswith("ctxt_switches"))
+
+
+def test_an_idle_server_never_wakes_and_its_date_header_stays_current(server: HttpServer) -> None:
+    """Issue 30: uvicorn's housekeeping tick woke the server's thread every second (0.03 % of a core
+    on an idle daemon) to keep the Date header current; each connection refreshes it instead."""
+    from email.utils import parsedate_to_datetime
+
+    thread = server._thread
+    assert thread is not None and thread.native_id is not None
+    with httpx.Client(base_url=server.url, timeout=5.0) as client:
+        first = client.get("/status").headers["date"]
+        before = _switches(thread.native_id)
+        time.sleep(3.5)
+        assert _switches(thread.native_id) - before <= 1  # a tick a second: 3 or more
+        second = client.get("/status").headers["date"]  # the same keep-alive connection
+    assert second != first
+    assert abs(parsedate_to_datetime(second).timestamp() - time.time()) < 2.0

@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from email.utils import formatdate
 from typing import Any
 
 import h11
@@ -56,14 +57,24 @@ class PortInUseError(OSError):
         return str(self.strerror)
 
 
-#: uvicorn's housekeeping tick (the Date header, the exit check). uvicorn ticks every 0.1 s, which
-#: costs an idle daemon ~0.3 % of a core in wake-ups; a stop wakes the loop at once instead.
-TICK_S = 1.0
+def fresh_date_header(server_state: Any, config: uvicorn.Config) -> None:
+    """uvicorn's default headers (``Date``, and the configured ones) as its ``on_tick`` makes them, made
+    again only when the second changed since the last time: called by each connection as it reads,
+    so an idle server never needs its tick to keep the header current."""
+    now = time.time()
+    if int(now) == getattr(server_state, "date_second", None):
+        return
+    date = [(b"date", formatdate(now, usegmt=True).encode())] if config.date_header else []
+    server_state.default_headers = date + config.encoded_headers
+    server_state.date_second = int(now)
 
 
 class _ThreadServer(uvicorn.Server):
-    """A uvicorn server that never touches signal handlers (the main loop owns them) and ticks once a
-    second (:data:`TICK_S`) rather than ten times, woken at once by :meth:`request_exit`."""
+    """A uvicorn server that never touches signal handlers (the main loop owns them) and never ticks:
+    uvicorn's tick (ten a second; one a second here before issue 30 - still ~0.3 ms of CPU a second in
+    wake-ups on an idle daemon) keeps the ``Date`` header current and checks for the exit; here each
+    connection refreshes the header as it reads (:func:`fresh_date_header`) and :meth:`request_exit`
+    wakes the loop, which otherwise sleeps until it is asked to stop."""
 
     _wake: asyncio.Event | None = None
     _loop: asyncio.AbstractEventLoop | None = None
@@ -108,16 +119,12 @@ class _ThreadServer(uvicorn.Server):
 
     async def main_loop(self) -> None:
         self._wake = asyncio.Event()
-        counter = 0
-        should_exit = await self.on_tick(counter)
-        while not should_exit:
-            counter = (counter + 10) % 864000  # on_tick refreshes the Date header when counter % 10 == 0
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
-            should_exit = await self.on_tick(counter)
+        if self.should_exit:  # asked before the loop ran
+            return
+        await self._wake.wait()
 
     def request_exit(self, *, force: bool = False) -> None:
-        """Ask the server to stop (from any thread): the loop wakes now, not at its next tick."""
+        """Ask the server to stop (from any thread): the loop wakes now."""
         self.should_exit = True
         if force:
             self.force_exit = True
@@ -175,6 +182,10 @@ class _GuardedH11Protocol(H11Protocol):
             (victim or self)._guard_close()
         if self._replay and not transport.is_closing():
             self.data_received(self._replay)
+
+    def handle_events(self) -> None:
+        fresh_date_header(self.server_state, self.config)
+        super().handle_events()
 
     def connection_lost(self, exc: Exception | None) -> None:
         guard = getattr(self, "_guard", None)
