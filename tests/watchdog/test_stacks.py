@@ -433,3 +433,44 @@ def test_the_budget_also_stops_a_round_midway():
     assert sampler.wait_idle(10)
     assert seen == [10]  # 2 CPU-s spent, above half the budget: the round stops
     assert sampler.status()["skipped_budget_total"] == 1
+
+
+def _fake_py_spy(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "py-spy"
+    script.write_text(f"#!{sys.executable}\nimport sys, time\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_dump_starts_no_thread_and_keeps_its_output_errors_and_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: each dump started a timer thread and made a temporary file for py-spy's errors (~45 %
+    of the sampler's own CPU a dump); the pipes are read with poll up to the deadline instead."""
+    import threading
+
+    from gpu_triage.signals.stacks import sampler as sampler_module
+
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    noisy = _fake_py_spy(
+        tmp_path, "sys.stderr.write('w' * 200_000); sys.stderr.flush(); sys.stdout.write('[]')"
+    )
+    res = sampler_module.run_py_spy(noisy, 1, nonblocking=True, timeout_s=20.0)
+    assert (res.rc, res.stdout, res.error, len(res.stderr)) == (0, b"[]", None, 8192)
+    assert started == []  # no timer thread
+    hung = _fake_py_spy(tmp_path, "sys.stdout.write('[partial'); sys.stdout.flush(); time.sleep(600)")
+    t0 = time.monotonic()
+    res = sampler_module.run_py_spy(hung, 1, nonblocking=True, timeout_s=0.5)
+    assert res.rc == -9 and res.error == "py-spy killed after 0 s" and res.stdout == b"[partial"
+    assert 0.5 <= time.monotonic() - t0 < 10.0
+    monkeypatch.setattr(sampler_module, "MAX_OUTPUT_BYTES", 1000)
+    flood = _fake_py_spy(tmp_path, "sys.stdout.write('x' * 1_000_000); time.sleep(600)")
+    res = sampler_module.run_py_spy(flood, 1, nonblocking=True, timeout_s=20.0)
+    assert len(res.stdout) == 1001 and res.rc == -9  # bounded; parse_dump refuses it as too large
