@@ -12,8 +12,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from random import Random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_triage.contract import ProgressWriter
 from gpu_triage.signals import procfs
@@ -188,3 +191,15 @@ def test_pid_check_answers_as_pid_exists_and_keeps_no_pidfd_it_is_not_asked_for(
     p.wait()
     assert not check(p.pid) and not check(p.pid)  # reaped: the pidfd says so, then asked afresh
     check.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(0, 2**63), min_size=7, max_size=7), shuffle=st.randoms())
+def test_io_is_parsed_alike_in_the_kernels_order_and_any_other(values: list[int], shuffle: Random) -> None:
+    names = [b"rchar", b"wchar", b"syscr", b"syscw", b"read_bytes", b"write_bytes", b"cancelled_write_bytes"]
+    lines = [b"%s: %d\n" % (n, v) for n, v in zip(names, values, strict=True)]
+    want = (values[4], values[5], values[0], values[1])
+    assert procfs._parse_io(b"".join(lines)) == want  # the kernel's order: the fast path
+    shuffle.shuffle(lines)
+    assert procfs._parse_io(b"".join(lines)) == want
+    assert procfs._parse_io(b"".join(lines[:3])) is None  # cut short: not all four there

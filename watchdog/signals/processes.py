@@ -641,7 +641,7 @@ class ProcessInspector:
             interval = now_s - last_s
             cpu_delta = max(0.0, cpu_s - last_cpu)
             if io is not None and last_io is not None:
-                deltas = [max(0, a - b) for a, b in zip(io, last_io, strict=True)]
+                deltas = [a - b if a > b else 0 for a, b in zip(io, last_io, strict=True)]
         if cpu_s is not None:
             t.last = (now_s, cpu_s, io)
         return RankProcess(

@@ -60,6 +60,7 @@ STATUSES = {
 """The kernel's state letters as psutil names them."""
 
 _GONE = (errno.ENOENT, errno.ESRCH)
+_IO_LAYOUT = (b"rchar:", b"wchar:", b"read_bytes:", b"write_bytes:")
 
 
 class Gone(Exception):
@@ -129,6 +130,12 @@ def read_io(pid: int) -> tuple[int, int, int, int] | None:
 
 
 def _parse_io(data: bytes) -> tuple[int, int, int, int] | None:
+    t = data.split()
+    if len(t) >= 12 and (t[0], t[2], t[8], t[10]) == _IO_LAYOUT:  # the kernel's order (since 2.6.20)
+        try:
+            return int(t[9]), int(t[11]), int(t[1]), int(t[3])
+        except ValueError:
+            pass
     values: dict[bytes, int] = {}
     for line in data.splitlines():
         name, _, value = line.partition(b":")
