@@ -20,14 +20,24 @@ A job found only through 3 or 4 is named by the environment (``slurm-<id>[.<step
 ...) or ``launcher-<pid>``; when any of its pids is in a progress file the whole group takes the
 progress file's job name.
 
-Measuring (every call, cheap): for each known rank, one read of ``/proc/<pid>/stat`` and one of
-``/proc/<pid>/io`` (:mod:`gpu_triage.signals.procfs`; psutil's ``oneshot()`` where there is no
-``/proc``): status (``disk-sleep`` is the D-state), CPU time, I/O counters (``read_bytes``/``write_bytes``
-reach the storage layer; ``read_chars``/``write_chars`` count every read/write call, pipes and sockets
-included; None where ``/proc/<pid>/io`` cannot be read), and the process group id. Deltas are between
-this call and the previous one for the same (pid, create time). ``psutil.Process`` objects (discovery's)
-are cached by (pid, create time). A process that vanished - or whose pid now names a process started
-at another time - is reported ``alive=False`` (never an error) until ``forget_after_s`` has passed.
+What discovery reads about a process is kept (:class:`_Known`) while its start time and its program
+(:attr:`procfs.ProcIdentity.program`: where ``execve`` laid out its arguments and environment) stay the
+same: a rediscovery costs one read of ``/proc/<pid>/stat`` per process seen before, and only a new
+process - or one that ran another program since, or one whose program cannot be seen (another user's
+without ``CAP_SYS_PTRACE``) - is read in full through psutil: command line, owner, start time, and when
+first needed its environment, innermost pid and cgroup. Its parent and session are read each time.
+(A process that rewrites its command line in place - ``setproctitle`` - or moves to another cgroup
+without running another program keeps what was first read: ranks do neither.)
+
+Measuring (every call, cheap): for each known rank, one ``pread`` of ``/proc/<pid>/stat`` and one of
+``/proc/<pid>/io``, kept open while the rank is tracked (:class:`procfs.ProcFiles`; psutil's
+``oneshot()`` where there is no ``/proc``): status (``disk-sleep`` is the D-state), CPU time, I/O
+counters (``read_bytes``/``write_bytes`` reach the storage layer; ``read_chars``/``write_chars`` count
+every read/write call, pipes and sockets included; None where ``/proc/<pid>/io`` cannot be read), and
+the process group id. Deltas are between this call and the previous one for the same (pid, create
+time). A process that vanished - or whose pid now names a process started at another time - is
+reported ``alive=False`` (never an error) until ``forget_after_s`` has passed; its files are closed as
+soon as it is found gone (:meth:`ProcessInspector.close` closes the rest).
 
 The rules (``rank_env``, ``gpu_for_local_rank``, ``local_rank_from_cmdline``, ``is_launcher``,
 ``job_key``, ``judge_claim``, ``pick_ranks``, ``name_groups``) and the values (:class:`RankProcess`,
