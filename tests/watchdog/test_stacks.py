@@ -164,6 +164,20 @@ def test_pattern_names_the_minority_waiting_elsewhere():
     assert p.frozen_since == 50.0
 
 
+def test_the_pattern_is_made_again_only_when_the_fresh_stacks_change():
+    """Issue 30: the detector asked for the pattern of the same stacks every process period (a fifth of
+    its CPU); the same fresh stacks now give the very same pattern until a dump arrives or one ages out."""
+    ranks = {r: _rank(r, ALLREDUCE, 100.0, 50.0, 6) for r in (0, 1, 2)}
+    first = stack_pattern(ranks, now=101.0, fresh_s=30.0, frozen_s=30.0)
+    assert stack_pattern(dict(ranks), now=110.0, fresh_s=30.0, frozen_s=30.0) is first
+    ranks[2] = _rank(2, BARRIER, 112.0, 112.0, 1)  # a new dump of rank 2
+    moved = stack_pattern(ranks, now=112.0, fresh_s=30.0, frozen_s=30.0)
+    assert moved is not first and moved.odd == (2,) and moved.frozen == (0, 1)
+    aged = stack_pattern(ranks, now=131.0, fresh_s=30.0, frozen_s=30.0)  # ranks 0 and 1 too old now
+    assert aged.sampled == (2,) and aged.frozen == () and not aged.different
+    assert stack_pattern(ranks, now=112.0, fresh_s=30.0, frozen_s=10.0).frozen == (0, 1)
+
+
 def _job(stacks: StackSummary | None, cpu: float = 0.0, world: int | None = None) -> JobView:
     ranks = tuple(
         RankView(rank=r, pid=100 + r, alive=True, status="sleeping", cpu_ratio=cpu, proven=True)

@@ -479,8 +479,28 @@ def group_key(info: StackInfo) -> str:
 def stack_pattern(
     ranks: Mapping[int, RankStack], *, now: float, fresh_s: float, frozen_s: float
 ) -> StackPattern:
-    """Compare the ranks' latest stacks taken within ``fresh_s`` of ``now``."""
+    """Compare the ranks' latest stacks taken within ``fresh_s`` of ``now``. The same fresh stacks give
+    the same pattern: it is made again only when a dump arrives or a stack ages out (the detector asks
+    every process period; the stacks change once a minute on a healthy job)."""
     fresh = {r: s for r, s in sorted(ranks.items()) if now - s.sampled_at <= fresh_s}
+    key = (frozen_s, *((r, id(s)) for r, s in fresh.items()))
+    known = _PATTERNS.get(key)
+    if known is not None:
+        return known[0]
+    pattern = _pattern(fresh, frozen_s)
+    if len(_PATTERNS) >= _PATTERNS_MAX:
+        _PATTERNS.clear()
+    _PATTERNS[key] = (pattern, tuple(fresh.values()))  # the stacks held: their ids name no other
+    return pattern
+
+
+_PATTERNS_MAX = 256
+_PATTERNS: dict[tuple[object, ...], tuple[StackPattern, tuple[RankStack, ...]]] = {}
+"""The patterns of the latest fresh stacks (keyed by the stacks' identities: RankStack is frozen, a
+new dump is a new one)."""
+
+
+def _pattern(fresh: dict[int, RankStack], frozen_s: float) -> StackPattern:
     by_key: dict[str, list[int]] = {}
     for r, s in fresh.items():
         by_key.setdefault(group_key(s.info), []).append(r)
