@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpu_triage.model.states import GpuState
 from gpu_triage.signals.stacks.dumps import StackSummary, group_key
@@ -139,41 +139,34 @@ def local_facts(
     :class:`~gpu_triage.detector.RankView` values; ``writing``/``reading``: the job's ranks wrote or
     read past the detector's thresholds recently; ``gpu_spin_since``: GPU index -> since when it has been in
     the spin band (only GPUs in it); ``fresh_s``: stacks older than this are not facts any more."""
-    out: list[RankFacts] = []
-    seen: set[int] = set()
-    for r in ranks:
-        if r.rank in seen:
-            continue
-        seen.add(r.rank)
-        out.append(
-            RankFacts(
-                rank=r.rank,
-                step=r.step,
-                step_changed_at=r.step_changed_at,
-                phase=r.phase,
-                phase_since=r.phase_since,
-                spin_since=gpu_spin_since.get(r.gpu) if r.gpu is not None else None,
-            )
-        )
-    by_rank = {f.rank: f for f in out}
+    stack_of: dict[int, dict[str, Any]] = {}
     if stacks is not None:
         for rank, s in stacks.ranks.items():
             if now - s.sampled_at > fresh_s:
                 continue
-            base = by_rank.get(rank, RankFacts(rank=rank))
-            by_rank[rank] = RankFacts(
-                rank=rank,
-                stack_phase=str(s.info.phase),
-                stack_where=group_key(s.info)[:MAX_WHERE_CHARS],
-                stack_same_since=s.same_since if s.samples > 1 else s.sampled_at,
-                stack_sampled_at=s.sampled_at,
-                stack_collective=(s.info.collective or None) and s.info.collective[:MAX_COLLECTIVE_CHARS],
-                step=base.step,
-                step_changed_at=base.step_changed_at,
-                phase=base.phase,
-                phase_since=base.phase_since,
-                spin_since=base.spin_since,
-            )
+            stack_of[rank] = {
+                "stack_phase": str(s.info.phase),
+                "stack_where": group_key(s.info)[:MAX_WHERE_CHARS],
+                "stack_same_since": s.same_since if s.samples > 1 else s.sampled_at,
+                "stack_sampled_at": s.sampled_at,
+                "stack_collective": (s.info.collective or None) and s.info.collective[:MAX_COLLECTIVE_CHARS],
+            }
+    by_rank: dict[int, RankFacts] = {}
+    for r in ranks:  # each rank's facts made once, its fresh stack's with them
+        if r.rank in by_rank:
+            continue
+        by_rank[r.rank] = RankFacts(
+            rank=r.rank,
+            step=r.step,
+            step_changed_at=r.step_changed_at,
+            phase=r.phase,
+            phase_since=r.phase_since,
+            spin_since=gpu_spin_since.get(r.gpu) if r.gpu is not None else None,
+            **stack_of.get(r.rank, {}),
+        )
+    for rank, stack in stack_of.items():  # a rank seen only in the stacks
+        if rank not in by_rank:
+            by_rank[rank] = RankFacts(rank=rank, **stack)
     return NodeJobFacts(
         job=job,
         node=node,
