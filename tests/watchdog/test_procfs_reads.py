@@ -203,3 +203,24 @@ def test_io_is_parsed_alike_in_the_kernels_order_and_any_other(values: list[int]
     shuffle.shuffle(lines)
     assert procfs._parse_io(b"".join(lines)) == want
     assert procfs._parse_io(b"".join(lines[:3])) is None  # cut short: not all four there
+
+
+def test_past_the_files_it_may_keep_open_a_rank_is_read_afresh(
+    spawn: Spawn, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Descriptors are bounded (two a rank kept open, at most ProcFiles.max_open ranks): past that a
+    rank is measured as before, with a fresh open of each file - never left unmeasured."""
+    procs = [spawn([sys.executable, "-c", SLEEP], rank_environ(job, r, 2, cvd=None)) for r in range(2)]
+    for p in procs:
+        wait_for(lambda p=p: env_visible(p.pid, "RANK"))
+    before = procfs.ProcFiles.open_now
+    monkeypatch.setattr(procfs.ProcFiles, "max_open", before)  # no more may be kept open
+    inspector = ProcessInspector(discovery_interval_s=3600)
+    inspector.inspect(T0)
+    ranks = inspector.inspect(T0 + 1).jobs[job]
+    assert all(r.alive and r.cpu_time_delta_s is not None and r.read_chars_delta is not None for r in ranks)
+    assert procfs.ProcFiles.open_now == before and [_fds_on(p.pid) for p in procs] == [[], []]
+    procs[0].kill()
+    procs[0].wait()
+    assert [r.alive for r in inspector.inspect(T0 + 2).jobs[job]] == [False, True]
+    inspector.close()

@@ -589,9 +589,11 @@ class ProcessInspector:
         its pid names now), or a pid that names another process (its start time changed), is gone."""
         try:
             if t.files is None:
-                t.files = procfs.ProcFiles(t.proc.pid)
-            st = t.files.stat(t.start_ticks)
-            io = t.files.io()
+                t.files = procfs.ProcFiles.keep(t.proc.pid)
+            if t.files is not None:
+                st, io = t.files.stat(t.start_ticks), t.files.io()
+            else:  # no more files kept open (thousands of ranks, or no descriptor left): read afresh
+                st, io = procfs.read_stat(t.proc.pid, t.start_ticks), procfs.read_io(t.proc.pid)
         except procfs.Gone:
             t.gone_since_s, t.status = now_s, None
             t.close()

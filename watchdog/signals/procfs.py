@@ -207,20 +207,40 @@ def pids() -> list[int]:
 class ProcFiles:
     """One process's ``stat`` and ``io``, opened once and read with ``pread`` (see the module doc):
     :meth:`stat` and :meth:`io` answer as :func:`read_stat` and :func:`read_io`. :meth:`close` when
-    done; a read that finds the process gone closes them itself."""
+    done; a read that finds the process gone closes them itself. At most :attr:`max_open` are open
+    in the process (two descriptors each): :meth:`keep` says None past that, or when no descriptor is
+    left, and the caller reads the files afresh each time as before."""
 
     __slots__ = ("_io", "_stat", "pid")
+    max_open = 128
+    open_now = 0
+    """Instances with their files open (all inspectors together)."""
 
     def __init__(self, pid: int) -> None:
         """Raises :class:`Gone` (no such process) or :class:`Denied` (``stat`` cannot be opened)."""
         self.pid = pid
         self._io: int | None = None
+        self._stat: int | None = None
         try:
-            self._stat: int | None = os.open(f"{PROC}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            self._stat = os.open(f"{PROC}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             if e.errno in _GONE:
                 raise Gone(pid) from None
             raise Denied(f"{pid}: {e.strerror}") from None
+        ProcFiles.open_now += 1
+
+    @classmethod
+    def keep(cls, pid: int) -> ProcFiles | None:
+        """Open ``pid``'s files to keep, or None where no more may be kept open. Raises as the
+        constructor does."""
+        if cls.open_now >= cls.max_open:
+            return None
+        try:
+            return cls(pid)
+        except Denied:
+            if _descriptors_left():
+                raise
+            return None
 
     def stat(self, start_ticks: int | None = None) -> ProcStat:
         if self._stat is None:
@@ -256,11 +276,26 @@ class ProcFiles:
             return None
         return _parse_io(data)
 
+    def __del__(self) -> None:  # an inspector dropped without close() (tests): no descriptor leaks
+        self.close()
+
     def close(self) -> None:
+        if self._stat is not None:
+            ProcFiles.open_now -= 1
         for fd in (self._stat, self._io):
             if fd is not None:
                 os.close(fd)
         self._stat = self._io = None
+
+
+def _descriptors_left() -> bool:
+    """Whether this process can open one more file (EMFILE/ENFILE say not)."""
+    try:
+        os.close(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            return False
+    return True
 
 
 _LEADERS_MAX = 4096
