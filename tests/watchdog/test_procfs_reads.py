@@ -46,6 +46,8 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[str]]]
         paths.append(os.fsdecode(path))  # type: ignore[arg-type]
         return real_os_open(path, *args, **kwargs)  # type: ignore[arg-type]
 
+    # every rank kept open, however many other ranks this shared machine runs (the cap is tested apart)
+    monkeypatch.setattr(procfs.ProcFiles, "max_open", 100_000)
     monkeypatch.setattr(builtins, "open", counted_open)
     monkeypatch.setattr(os, "open", counted_os_open)
 
