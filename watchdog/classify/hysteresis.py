@@ -239,24 +239,33 @@ class _StateScan:
     for it. So a change costs a look at a few samples and a few ``searchsorted``, and a scan a few
     passes over the series and a vote per run head, not per sample.
 
-    Times that are not all finite take the exact rule everywhere (``wins`` is None)."""
+    Times that are not all finite take the exact rule everywhere (``wins`` is None). ``counts`` holds
+    no row for the state itself (unless unknown): its own votes are never asked for."""
 
     __slots__ = ("cand", "counts", "others", "t_others", "tail_end", "tail_start", "wins")
 
     def __init__(
-        self, t: np.ndarray, cand: np.ndarray, code: int, share: float, dwell_by_code: np.ndarray
+        self,
+        t: np.ndarray,
+        cand: np.ndarray,
+        code: int,
+        share: float,
+        dwell_by_code: np.ndarray,
+        finite: bool,
     ) -> None:
         n = len(t)
         self.cand = cand
-        counts = np.zeros((len(GPU_STATES), n + 1), dtype=np.int64)
+        # only another state's votes are ever counted, and failed reads (abstentions)
+        counts = np.zeros((len(GPU_STATES), n + 1), dtype=np.int32 if n < 1 << 31 else np.int64)
         for c in np.flatnonzero(np.bincount(cand, minlength=len(GPU_STATES))):
-            np.cumsum(cand == c, out=counts[c, 1:])
+            if c != code or c == UNKNOWN_CODE:
+                np.cumsum(cand == c, out=counts[c, 1:])
         self.counts = counts
         self.others = others = np.flatnonzero(cand != code)
         self.t_others = t[others]
         self.wins: np.ndarray | None = None
         self.tail_start = self.tail_end = _EMPTY_IDX
-        if not len(others) or not np.isfinite(t).all():
+        if not len(others) or not finite:
             return
         # runs of one candidate, other than this state
         starts = np.flatnonzero(cand[1:] != cand[:-1]) + 1
@@ -354,6 +363,7 @@ def classify_series(
     share = table.vote_share
     dwell_by_code = _dwells(table)
     max_dwell_s = float(dwell_by_code.max())
+    finite = bool(np.isfinite(t).all())
     scans: dict[GpuState, _StateScan] = {}
 
     def scan_for(s: GpuState) -> _StateScan:
@@ -363,7 +373,9 @@ def classify_series(
             if h:
                 head = carry.hist_cand if s is carry.state else np.full(h, UNKNOWN_CODE, np.int8)
                 mine = np.concatenate((head, mine))
-            got = scans[s] = _StateScan(t, mine.astype(np.int8, copy=False), CODE[s], share, dwell_by_code)
+            got = scans[s] = _StateScan(
+                t, mine.astype(np.int8, copy=False), CODE[s], share, dwell_by_code, finite
+            )
         return got
 
     while h0 < n:
