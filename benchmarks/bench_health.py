@@ -282,7 +282,7 @@ def _report(label: str, phase: str, door: list[dict], loop: list[dict]) -> None:
     p, base = _pct(_pooled(door, phase)), _pct(_pooled(loop, phase))
     n = len(_pooled(door, phase))
     line(
-        f"/healthz p50 {phase}",
+        f"p50 {label}",
         p["p50"],
         "ms",
         baseline=base["p50"],
@@ -321,7 +321,7 @@ def _report(label: str, phase: str, door: list[dict], loop: list[dict]) -> None:
         + " ms"
     )
     line(
-        f"/healthz max {phase}",
+        f"max {label}",
         p["max"],
         "ms",
         baseline=base["max"],
@@ -348,6 +348,15 @@ def _report(label: str, phase: str, door: list[dict], loop: list[dict]) -> None:
         baseline=bare_base["p99"],
         baseline_name="during the loop's",
         higher_is_better=False,
+    )
+    bare_rounds = [_pct(r[phase]["control_s"])["p99"] for r in door]
+    bare_rounds_base = [_pct(r[phase]["control_s"])["p99"] for r in loop]
+    print(
+        "      rounds' bare p99: beside the door "
+        + " / ".join(f"{v:.2f}" for v in bare_rounds)
+        + " ms, beside the loop "
+        + " / ".join(f"{v:.2f}" for v in bare_rounds_base)
+        + " ms"
     )
 
 
