@@ -27,8 +27,8 @@ sample would win its vote does not depend on where the last change was, once the
 the longest dwell after it (its window then holds no sample from before the change): so each state's
 winning samples are found once per series (:class:`_StateScan`), and a change costs a look at the few
 samples just after the last one plus a ``searchsorted``. It carries its state across chunks through
-:class:`Carry`. The two forms give identical answers (a
-property test feeds them random streams cut into random chunks).
+:class:`Carry`. The two forms give identical answers (property tests feed them random streams cut
+into random chunks, on regular and irregular clocks).
 """
 
 from __future__ import annotations
