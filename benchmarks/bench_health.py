@@ -30,7 +30,10 @@ to run with no trend by commit. Now each phase runs ``ROUNDS`` times, the door a
   distribution) - the budget (<= 20 ms) is judged on it;
 - the median of the per-round p99s, and their range: rounds that disagree mean the machine, not the
   server, moved (a real server stall shows in every round);
-- the bare server's pooled p99 in the same phase: the machine's own floor under that load.
+- the bare server's pooled p99 in the same phase: the machine's own floor under that load;
+- how many probes took over 5 ms and how many of those overlapped a garbage collection (generation 1
+  or 2, over 2 ms) in the server's process - the collector holds the GIL, so the door stands still
+  too (the prober and the server read the same monotonic clock).
 
 50 probes a second do not load the server: each costs the door one accept, one read and one write
 (tens of microseconds), against the thousands of connections a second the slow sockets make it accept
@@ -42,6 +45,7 @@ benchmark is bounded in time whatever the server does (~4 minutes; ``--quick``: 
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import statistics
@@ -88,20 +92,22 @@ def ask(to):
     except OSError:
         ok = False
     return time.perf_counter() - t0, ok
-latencies, control_s, failures = [], [], 0
+latencies, control_s, failures, starts = [], [], 0, []
 start = time.perf_counter()
 for i in range(int(duration_s * rate)):
     for offset, to in ((0.0, port), (0.5, control)):
         delay = start + (i + offset) / rate - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
+        at = time.perf_counter()
         took, ok = ask(to)
         if to == port:
+            starts.append(at)
             latencies.append(took)
             failures += not ok
         else:
             control_s.append(took)
-print(json.dumps({"latencies_s": latencies, "control_s": control_s, "failures": failures}))
+print(json.dumps({"latencies_s": latencies, "control_s": control_s, "failures": failures, "starts": starts}))
 """
 
 BARE = r"""
@@ -197,6 +203,44 @@ while time.monotonic() < end:
 held = len(sel.get_map())
 print(json.dumps({"opened": opened, "closed_by_server": closed, "failed": failed, "held_at_end": held}))
 """
+
+
+SLOW_PROBE_S = 0.005
+"""A probe slower than this is looked at: did a garbage collection in the server overlap it?"""
+GC_PAUSE_S = 0.002
+
+
+class GcPauses:
+    """The server process's garbage collections of generations 1 and 2 longer than :data:`GC_PAUSE_S`,
+    as (start, end) on the monotonic clock: CPython's collector holds the GIL throughout, so every
+    thread - the door's too - stands still meanwhile."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float]] = []
+        self._start = 0.0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif info["generation"] >= 1 and time.perf_counter() - self._start > GC_PAUSE_S:
+            self.pauses.append((self._start, time.perf_counter()))
+
+    def overlapping(self, probe: dict) -> tuple[int, int, float]:
+        """Of one phase's probes: how many were slower than :data:`SLOW_PROBE_S`, how many of those a
+        pause overlapped, and the longest pause within the phase (ms)."""
+        starts, took = probe["starts"], probe["latencies_s"]
+        slow = [(a, a + d) for a, d in zip(starts, took, strict=True) if d > SLOW_PROBE_S]
+        hit = sum(any(p0 < b and p1 > a for p0, p1 in self.pauses) for a, b in slow)
+        end = starts[-1] + took[-1] if starts else 0.0
+        within = [p1 - p0 for p0, p1 in self.pauses if starts and starts[0] <= p0 <= end]
+        return len(slow), hit, max(within, default=0.0) * 1e3
 
 
 class StandInLoop(threading.Thread):
@@ -349,6 +393,14 @@ def _report(label: str, phase: str, door: list[dict], loop: list[dict]) -> None:
         baseline_name="during the loop's",
         higher_is_better=False,
     )
+    for name, rounds in (("door", door), ("on the loop", loop)):
+        slow_n = sum(r[phase]["gc"][0] for r in rounds)
+        hit_n = sum(r[phase]["gc"][1] for r in rounds)
+        longest_ms = max(r[phase]["gc"][2] for r in rounds)
+        print(
+            f"      {name}: {slow_n} probes over {SLOW_PROBE_S * 1e3:.0f} ms, {hit_n} of them during a "
+            f"garbage collection of the server (longest in the phase {longest_ms:.1f} ms)"
+        )
     bare_rounds = [_pct(r[phase]["control_s"])["p99"] for r in door]
     bare_rounds_base = [_pct(r[phase]["control_s"])["p99"] for r in loop]
     print(
@@ -422,6 +474,7 @@ def _phases(duration_s: float, control_port: int, *, health_door: bool) -> dict:
     loop = StandInLoop(holder)
     loop.start()
     port = server.port
+    pauses = GcPauses().__enter__()
     try:
         out["quiet"] = _probe(port, control_port, duration_s)
 
@@ -459,8 +512,15 @@ def _phases(duration_s: float, control_port: int, *, health_door: bool) -> dict:
         out["slow sockets held open at the end (client side)"] = float(held["held_at_end"])
         out["slow sockets refused or failed (client side)"] = float(held["failed"])
     finally:
+        pauses.__exit__()
         loop.stop()
         server.stop(2.0)
+    for phase in (
+        "quiet",
+        f"under a /metrics flood ({FLOOD_CONNECTIONS} conns)",
+        f"beside {SLOW_SOCKETS} slow sockets",
+    ):
+        out[phase]["gc"] = pauses.overlapping(out[phase])
     return out
 
 
