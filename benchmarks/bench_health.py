@@ -56,6 +56,7 @@ import time
 from dataclasses import replace
 
 from benchmarks.common import header, line
+from gpu_triage.daemon.runner import settle_heap
 from gpu_triage.model.states import Verdict
 from gpu_triage.serving.api import create_app
 from gpu_triage.serving.control import QueuedControl
@@ -471,6 +472,7 @@ def _phases(duration_s: float, control_port: int, *, health_door: bool) -> dict:
     )
     server = HttpServer(app, "127.0.0.1", 0, health_door=health_door)
     server.start()
+    settle_heap()  # as `gpu-watchdog run` does once it listens
     loop = StandInLoop(holder)
     loop.start()
     port = server.port
