@@ -279,3 +279,47 @@ def test_pcie_is_read_at_most_once_per_interval(opened) -> None:
         (s,) = source.sample(float(t))
         assert s.pcie_tx_bytes_per_s == 2_000 * 1024
     assert fake.calls_to("nvmlDeviceGetPcieThroughput", 0) == 2  # tx + rx, once
+
+
+def test_a_10_hz_sample_makes_four_calls_per_gpu_the_slow_reads_once_per_interval(opened) -> None:
+    """Power, utilisation, energy and the field values (what the classifier judges) are read every
+    sample; memory, SM clock, temperature and the power limit once per ``slow_interval_s``, their last
+    values repeated between - each sample still has every field filled."""
+    fake = fake_nvml.basic(2)
+    source = open_source(opened, fake, slow_interval_s=60.0, pcie_interval_s=60.0, pids_interval_s=60.0)
+    before = fake.calls.copy()
+    samples = [source.sample(0.1 * t) for t in range(10)]  # one second at 10 Hz
+    per_gpu = {api: n for (api, gpu), n in (fake.calls - before).items() if gpu == 1}
+    assert per_gpu == {
+        "nvmlDeviceGetPowerUsage": 10,
+        "nvmlDeviceGetTotalEnergyConsumption": 10,
+        "nvmlDeviceGetUtilizationRates": 10,
+        "nvmlDeviceGetFieldValues": 10,
+        "nvmlDeviceGetMemoryInfo": 1,
+        "nvmlDeviceGetClockInfo": 1,
+        "nvmlDeviceGetTemperature": 1,
+        "nvmlDeviceGetEnforcedPowerLimit": 1,
+        "nvmlDeviceGetPcieThroughput": 2,  # tx and rx
+        "nvmlDeviceGetComputeRunningProcesses": 1,
+    }
+    assert sum(per_gpu.values()) == 47  # calls in a second per GPU at 10 Hz (87 before)
+    for s in samples[-1]:
+        assert s.ok and s.errors == ()
+        assert s.memory_used_bytes == samples[0][s.gpu].memory_used_bytes is not None
+        assert (s.sm_clock_mhz, s.temperature_c, s.power_limit_w) == (
+            samples[0][s.gpu].sm_clock_mhz,
+            samples[0][s.gpu].temperature_c,
+            samples[0][s.gpu].power_limit_w,
+        )
+        assert None not in (s.sm_clock_mhz, s.temperature_c, s.power_limit_w, s.memory_total_bytes)
+    # a slow read that fails is asked again at the next sample, not an interval later
+    flaky = fake_nvml.basic(1)
+    flaky.boards[0].errors["nvmlDeviceGetTemperature"] = fake_nvml.NVML_ERROR_UNKNOWN
+    retried = open_source(opened, flaky, slow_interval_s=60.0)
+    (s,) = retried.sample(2.0)
+    assert s.temperature_c is None and s.errors == ("temperature: Unknown",)
+    del flaky.boards[0].errors["nvmlDeviceGetTemperature"]
+    (s,) = retried.sample(2.1)
+    assert s.temperature_c == 60 and s.errors == ()
+    (s,) = retried.sample(2.2)
+    assert s.temperature_c == 60 and flaky.calls_to("nvmlDeviceGetTemperature", 0) == 2

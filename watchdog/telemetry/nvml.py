@@ -43,6 +43,12 @@ that rejects it.
 
 ``nvmlDeviceGetPcieThroughput`` samples the bus for ~20 ms per call inside the driver, so PCIe is read
 at most every ``pcie_interval_s`` per GPU; between reads the last rates are repeated.
+
+What the classifier judges changes between samples - power, utilisation, energy and the field values
+(instantaneous power, NVLink) - and is read every sample (four calls per GPU at 10 Hz). What changes
+slowly - memory in use, SM clock, temperature, the enforced power limit - is read at most every
+``slow_interval_s`` (1 s) per GPU and repeated between, so each sample still has it; a read that
+failed is asked again at the next sample, not an interval later.
 """
 
 from __future__ import annotations
@@ -129,6 +135,10 @@ class _Board:
     pids_read_at: float = -1e18
     pids: tuple[int, ...] | None = None
     """The compute processes last read (None: the read failed)."""
+    slow_read_at: float = -1e18
+    slow: dict[str, Any] = field(default_factory=dict)
+    """The slowly changing reads (memory, sm_clock, temperature, power_limit) as last answered; a
+    feature whose last read failed is absent (asked again at the next sample)."""
 
 
 class NvmlSource:
@@ -151,6 +161,7 @@ class NvmlSource:
         max_backoff_s: float = 300.0,
         pcie_interval_s: float = 1.0,
         pids_interval_s: float = 1.0,
+        slow_interval_s: float = 1.0,
     ) -> None:
         self._nvml = _import_pynvml() if nvml is None else nvml
         self.deadline_s = float(deadline_s)
@@ -158,6 +169,8 @@ class NvmlSource:
         self.pids_interval_s = float(pids_interval_s)
         """How often each GPU's compute processes are listed (the daemon's process period: only the
         process work reads them); between lists the last one is repeated."""
+        self.slow_interval_s = float(slow_interval_s)
+        """How often memory, SM clock, temperature and power limit are read per GPU (repeated between)."""
         self._ex = DeadlineExecutor(deadline_s, backoff_s=backoff_s, max_backoff_s=max_backoff_s, name="nvml")
         self._closed = False
         self._close_lock = threading.Lock()
@@ -290,10 +303,23 @@ class NvmlSource:
 
         energy_mj = optional("energy", nv.nvmlDeviceGetTotalEnergyConsumption, handle)
         util = optional("utilization", nv.nvmlDeviceGetUtilizationRates, handle)
-        memory = optional("memory", nv.nvmlDeviceGetMemoryInfo, handle)
-        sm_clock = optional("sm_clock", nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
-        temperature = optional("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
-        limit_mw = optional("power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, handle)
+        slow = board.slow
+        now = time.monotonic()
+        if now - board.slow_read_at >= self.slow_interval_s:
+            board.slow_read_at = now
+            slow.clear()  # all four asked again
+        for feature, fn, *args in (
+            ("memory", nv.nvmlDeviceGetMemoryInfo, handle),
+            ("sm_clock", nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM),
+            ("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU),
+            ("power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, handle),
+        ):
+            if feature not in slow:  # due, or its last read failed (NotSupported: never stored)
+                value = optional(feature, fn, *args)
+                if value is not None:
+                    slow[feature] = value
+        memory, sm_clock = slow.get("memory"), slow.get("sm_clock")
+        temperature, limit_mw = slow.get("temperature"), slow.get("power_limit")
         pids = self._read_pids(board, optional)
         fields = self._read_fields(board, errors)
         pcie_tx, pcie_rx = self._read_pcie(board, errors)
