@@ -159,12 +159,11 @@ class GpuTracker:
                 frac = s.power_w / limit
                 gpu.last_good_s = now
             util = math.nan if s.utilization_ratio is None or s.error is not None else s.utilization_ratio
-            old = gpu.classifier.state
-            if gpu.classifier.update(now, frac, util):
-                new = gpu.classifier.state
+            c = gpu.classifier
+            if c.update(now, frac, util):
                 changes.append(
                     StateChange(
-                        s.gpu, s.uuid, old, new, gpu.classifier.since_s or now, s.power_w, s.utilization_ratio
+                        s.gpu, s.uuid, c.previous, c.state, c.since_s or now, s.power_w, s.utilization_ratio
                     )
                 )
                 self._facts = None

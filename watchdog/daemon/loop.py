@@ -342,7 +342,8 @@ class Daemon:
         except Exception as e:
             self._cycle_failed(e)
             return None
-        self._cycle_failed(None)
+        if self.health.failed_cycles:  # a success after failures (the health book has nothing to reset else)
+            self._cycle_failed(None)
         return snap
 
     def _cycle_failed(self, error: Exception | None) -> None:
