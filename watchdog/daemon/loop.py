@@ -303,28 +303,31 @@ class Daemon:
     def run_forever(self) -> None:
         period = self.config.daemon.period_s
         self.notifier.ready(f"watching {len(self.source.gpus())} GPU(s) from {self.source.name}")
-        next_tick = self.monotonic()
+        monotonic = self.monotonic  # looked up once: the loop reads it twice a cycle
+        build = self.on_cycle is not None
+        next_tick = monotonic()
         while not self._stop.is_set():
             if self._reload.is_set():
                 self._reload.clear()
                 self.reload()
                 period = self.config.daemon.period_s
-            t0 = self.monotonic()
-            self._tick(build=self.on_cycle is not None)  # the snapshot is built when first read
-            self.stats.last_duration_s = self.monotonic() - t0
-            now_m = self.monotonic()
+            t0 = monotonic()
+            self._tick(build=build)  # the snapshot is built when first read
+            now_m = monotonic()
+            stats = self.stats
+            stats.last_duration_s = now_m - t0
             if self.notifier.watchdog_due(now_m):
                 self.notifier.watchdog(now_m)
             next_tick += period
             lateness = now_m - next_tick
             if lateness > 0:
                 missed = int(lateness // period) + 1
-                self.stats.missed += missed
-                self.stats.worst_lateness_s = max(self.stats.worst_lateness_s, lateness)
+                stats.missed += missed
+                stats.worst_lateness_s = max(stats.worst_lateness_s, lateness)
                 next_tick += missed * period
             # Asleep until the next deadline or stop(): a lock's timed acquire is one call where an
             # Event's wait builds a condition each time (~0.02 % of a core at 10 Hz, issue 30).
-            if self._wake.acquire(timeout=max(0.0, next_tick - self.monotonic())):
+            if self._wake.acquire(timeout=max(0.0, next_tick - now_m)):
                 self._wake.release()  # stopped: every later sleep returns at once
 
     def tick(self) -> Snapshot | None:
