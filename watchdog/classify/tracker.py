@@ -106,9 +106,9 @@ class GpuTracker:
     table_path: Path | None = None
     dwell_s: Mapping[str, float] = field(default_factory=dict)
     _gpus: dict[int, _Gpu] = field(default_factory=dict)
-    _order: tuple[_Gpu, ...] = ()
+    _order: tuple[_Gpu, ...] = field(default=(), init=False, repr=False, compare=False)
     """The GPUs in GPU order (remade when one is added)."""
-    _facts: tuple[GpuFacts, ...] | None = None
+    _facts: tuple[GpuFacts, ...] | None = field(default=None, init=False, repr=False, compare=False)
     """Every GPU's :data:`GpuFacts` as :meth:`status_inputs` last made them; None when a GPU's may
     have changed since (:meth:`update` clears it on a state change, a failed read, an impossible or
     a new power limit, a new GPU or table)."""
