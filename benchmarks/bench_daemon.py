@@ -52,6 +52,11 @@ job = simjob.start(Path(progress), start, ranks=int(sys.argv[6]), world_size=int
 source = SimSource("reference-b300", gpus=int(sys.argv[5]), start_s=start, job_session=job.pid)
 daemon = Daemon(config, source)
 daemon.start()
+try:  # as `gpu-watchdog run` does once it listens (a baseline ref may predate it)
+    from gpu_triage.daemon.runner import settle_heap
+except ImportError:
+    settle_heap = lambda: None
+settle_heap()
 install_signal_handlers(daemon)
 try:
     daemon.run_forever()

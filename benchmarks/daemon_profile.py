@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_triage.daemon.runner import settle_heap
 from gpu_triage.signals.procfs import parse_stat
 
 WARM_UP_S = 12.0
@@ -98,6 +99,7 @@ def main(window_s: float) -> None:
     job = simjob.start(tmp / "progress", start, ranks=16, world_size=16)
     daemon = Daemon(config, SimSource("reference-b300", gpus=16, start_s=start, job_session=job.pid))
     daemon.start()
+    settle_heap()  # as `gpu-watchdog run` does once it listens
     marks: dict[str, Any] = {}
 
     def window() -> None:

@@ -190,6 +190,70 @@ def test_vectorised_equals_streaming(segs, dt, cuts):
     assert carry.state is clf.state and carry.since_s == clf.since_s
 
 
+def _streamed(t: np.ndarray, p: np.ndarray, u: np.ndarray) -> tuple[list, GpuClassifier]:
+    clf = GpuClassifier(H100)
+    changes = []
+    for i in range(len(t)):
+        if clf.update(float(t[i]), float(p[i]), float(u[i])):
+            changes.append((i, clf.state, clf.since_s))
+    return changes, clf
+
+
+def _vectorised(t: np.ndarray, p: np.ndarray, u: np.ndarray, cuts: list[int]):
+    bounds = sorted({0, len(t), *(c % (len(t) + 1) for c in cuts)})
+    got, carry = [], None
+    for a, b in itertools.pairwise(bounds):
+        if a < b:
+            sw, carry = classify_series(H100, t[a:b], p[a:b], u[a:b], carry)
+            got += [(a + s.index, s.state, s.since_s) for s in sw]
+    return got, carry
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    segs=st.lists(st.tuples(points, st.integers(1, 80)), min_size=1, max_size=30),
+    # steps of 0 (one clock read twice), exactly a dwell (1, 2, 3, 5 s), gaps longer than any dwell,
+    # and steps whose sums round (0.1); on a clock near zero or at epoch seconds
+    steps=st.lists(st.sampled_from([0.0, 0.1, 0.1, 0.1, 0.25, 1.0, 2.0, 3.0, 5.0, 7.5]), min_size=1),
+    t0=st.sampled_from([0.0, 1_753_576_485.155]),
+    cuts=st.lists(st.integers(0, 3000), max_size=5),
+)
+def test_vectorised_equals_streaming_on_irregular_clocks(segs, steps, t0, cuts):
+    """Repeated timestamps, steps of exactly a dwell and gaps longer than every dwell: where a window
+    starts, and whether a sample lies a whole dwell after the last change, are decided at the edges
+    (the vectorised form looks samples far from a change up instead of judging them)."""
+    pts = [pt for pt, k in segs for _ in range(k)]
+    n = len(pts)
+    t = t0 + np.cumsum([steps[i % len(steps)] for i in range(n)])
+    p = np.array([a for a, _ in pts], dtype=float)
+    u = np.array([b for _, b in pts], dtype=float)
+    expected, clf = _streamed(t, p, u)
+    got, carry = _vectorised(t, p, u, cuts)
+    assert got == expected
+    assert carry.state is clf.state and carry.since_s == clf.since_s
+
+
+def test_flickering_candidates_near_every_change_agree():
+    """A long noisy stream (a sample in ten from another band, failed reads, runs of every length):
+    many changes, each with other candidates within a dwell of it - the exact rule's region."""
+    rng = np.random.default_rng(7)
+    centres = np.array([COMPUTE, SPIN, IDLE, STARVED, COMM, (0.29, 0.95), (0.41, 0.6)])
+    run_of = np.repeat(rng.integers(0, len(centres), 400), rng.integers(3, 90, 400))
+    n = len(run_of)
+    p = centres[run_of, 0] + rng.normal(0.0, 0.02, n)
+    u = np.clip(centres[run_of, 1] + rng.normal(0.0, 0.04, n), 0.0, 1.0)
+    flicker = rng.random(n) < 0.1
+    u[flicker] = rng.random(flicker.sum())
+    p[rng.random(n) < 0.02] = NAN
+    t = np.cumsum(rng.choice([0.1, 0.1, 0.1, 0.0, 0.3], n))
+    expected, clf = _streamed(t, p, u)
+    assert len(expected) > 120
+    for cuts in ([], [777, 5000, 5001, 9000], list(range(0, n, 1234))):
+        got, carry = _vectorised(t, p, u, cuts)
+        assert got == expected
+        assert carry.state is clf.state and carry.since_s == clf.since_s
+
+
 def test_a_failed_read_is_no_vote():
     """One read in four timing out must not hold a hung GPU in compute (nor keep it from leaving)."""
     clf = GpuClassifier(H100)

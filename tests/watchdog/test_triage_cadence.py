@@ -76,6 +76,27 @@ def test_bursts_do_not_depend_on_where_the_chunks_are_cut(seed, n, cuts):
     assert np.array_equal(one.start_s, other.start_s) and np.array_equal(one.end_s, other.end_s)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    spans=st.lists(st.tuples(st.integers(-10, 1600), st.integers(0, 300)), max_size=40),
+)
+def test_the_bursts_within_every_interval_at_once_are_those_within_each(seed, spans):
+    """The wait analysis asks for the bursts of all of a GPU's intervals in one search
+    (Bursts.within_each); each interval gets the same bursts as asking for it alone (Bursts.within)."""
+    from gpu_triage.triage.bursts import BurstTracker
+
+    t, p = _series(seed, 1500)
+    tracker = BurstTracker(0.30, 0.03)
+    tracker.feed(t, p)
+    bursts = tracker.finish()
+    intervals = [(a / 10, (a + d) / 10) for a, d in spans]  # touching, inside, around, outside bursts
+    first, last = bursts.within_each(intervals)
+    for (lo, hi), i, j in zip(intervals, first, last, strict=True):
+        starts, ends = bursts.within(lo, hi)
+        assert bursts.start_s[i:j].tolist() == starts.tolist() and bursts.end_s[i:j].tolist() == ends.tolist()
+
+
 def test_a_sub_second_rise_is_a_burst_and_a_flat_spin_on_the_ceiling_is_not():
     from gpu_triage.triage.bursts import BurstTracker
 

@@ -22,9 +22,13 @@ leaving the spin band for real work quick.
 
 :class:`GpuClassifier` applies the rule one sample at a time (the daemon). :func:`classify_series`
 applies it to whole arrays (triage): candidate codes, windows and vote counts are computed with numpy
-(cumulative sums and ``searchsorted``), and Python loops only over state changes, not samples. It
-carries its state across chunks through :class:`Carry`. The two forms give identical answers (a
-property test feeds them random streams cut into random chunks).
+(cumulative sums and ``searchsorted``), and Python loops only over state changes, not samples. Where a
+sample would win its vote does not depend on where the last change was, once the sample lies more than
+the longest dwell after it (its window then holds no sample from before the change): so each state's
+winning samples are found once per series (:class:`_StateScan`), and a change costs a look at the few
+samples just after the last one plus a ``searchsorted``. It carries its state across chunks through
+:class:`Carry`. The two forms give identical answers (property tests feed them random streams cut
+into random chunks, on regular and irregular clocks).
 """
 
 from __future__ import annotations
@@ -40,8 +44,13 @@ from gpu_triage.model.states import GPU_STATES, GpuState
 
 _FIRST_BLOCK = 64
 """Samples :func:`_first_change` examines first (then fourfold more each round)."""
+_FAR_MARGIN_S = 1e-3
+"""Beyond the longest dwell after the last change, plus this (far above the rounding of a time minus
+a dwell), a sample's window and history test cannot depend on that change (see :class:`_StateScan`)."""
 _EMPTY_F = np.empty(0, dtype=np.float64)
 _EMPTY_I = np.empty(0, dtype=np.int8)
+_EMPTY_IDX = np.empty(0, dtype=np.intp)
+_ZERO_IDX = np.zeros(1, dtype=np.intp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +183,39 @@ class GpuClassifier:
         return False
 
 
+def _vote_test(
+    t: np.ndarray,
+    cand: np.ndarray,
+    counts: np.ndarray,
+    ks: np.ndarray,
+    h0: int,
+    share: float,
+    dwell_by_code: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For the samples ``ks`` (indices, ascending): their times, their candidates' dwells, and whether
+    each candidate wins its vote over its dwell window (cut to start no earlier than ``h0``, the first
+    sample since the last change). ``counts[c, k]``: how many of the first ``k`` samples hold
+    candidate ``c``."""
+    # (numpy's methods and 1-D indexes: this runs on small arrays, where the call overhead is most of
+    # the cost)
+    flat = counts.reshape(-1)
+    row = counts.shape[1]
+    vals = cand[ks]
+    dwell = dwell_by_code[vals]
+    tk = t[ks]
+    wk = t.searchsorted(tk - dwell)
+    if h0:
+        np.maximum(wk, h0, out=wk)
+    after = ks + 1
+    mine = vals.astype(np.intp) * row
+    votes = flat[mine + after] - flat[mine + wk]
+    # a failed read is no vote, except for unknown itself
+    unknown_row = UNKNOWN_CODE * row
+    abstain = flat[unknown_row + after] - flat[unknown_row + wk]
+    abstain[vals == UNKNOWN_CODE] = 0
+    return tk, dwell, votes >= share * ((after - wk) - abstain)
+
+
 def _first_change(
     t: np.ndarray,
     cand: np.ndarray,
@@ -186,36 +228,120 @@ def _first_change(
     dwell_by_code: np.ndarray,
 ) -> int:
     """The first sample index (from ``others[i:]``) at which a candidate state wins its vote over its
-    dwell window: examined in blocks growing fourfold, so a long steady run costs a few array passes;
-    every candidate of a block at once (each sample is judged for its own candidate, with that
-    candidate's dwell). ``counts[c, k]``: how many of the first ``k`` samples hold candidate ``c``.
-    -1 when none does."""
-    # (numpy's methods and 1-D indexes: this runs once per state change, on small arrays, where the
-    # call overhead is most of the cost)
+    dwell window, with a history since the last change (``hist_start``) at least that long: examined
+    in blocks growing fourfold, so a long steady run costs a few array passes; every candidate of a
+    block at once (each sample is judged for its own candidate, with that candidate's dwell). -1 when
+    none does. The exact rule, for the samples just after a change (:meth:`_StateScan.next_change`)."""
     block = _FIRST_BLOCK
-    flat = counts.reshape(-1)
-    row = counts.shape[1]
-    unknown_row = UNKNOWN_CODE * row
     while i < len(others):
         ks = others[i : i + block]
-        vals = cand[ks]
-        dwell = dwell_by_code[vals]
-        tk = t[ks]
-        wk = t.searchsorted(tk - dwell)
-        np.maximum(wk, h0, out=wk)
-        after = ks + 1
-        mine = vals.astype(np.intp) * row
-        votes = flat[mine + after] - flat[mine + wk]
-        # a failed read is no vote, except for unknown itself
-        abstain = flat[unknown_row + after] - flat[unknown_row + wk]
-        abstain[vals == UNKNOWN_CODE] = 0
-        fire = (tk - hist_start >= dwell) & (votes >= share * ((after - wk) - abstain))
+        tk, dwell, won = _vote_test(t, cand, counts, ks, h0, share, dwell_by_code)
+        fire = (tk - hist_start >= dwell) & won
         first = int(fire.argmax())
         if fire[first]:
             return int(ks[first])
         i += block
         block = min(block * 4, 1 << 16)
     return -1
+
+
+class _StateScan:
+    """One state's view of one series, computed once: each sample's candidate while in that state
+    (``cand``), the running vote counts (``counts[c, k]``: how many of the first ``k`` samples hold
+    candidate ``c``), the samples whose candidate is another state (``others``: the only places a
+    change can fire), and where those samples win their vote over a window not cut by a change.
+
+    A sample more than the longest dwell after the last change (and after the history's start) has a
+    window wholly after that change and a history long enough for any candidate, so whether it fires
+    does not depend on where the change was. Only the samples closer than that are judged by the exact
+    rule (:func:`_first_change`); beyond, the answer is looked up. To find those wins, only the head of
+    each run of one candidate is examined (``wins``): from the first sample whose window lies wholly in
+    its run (``tail_start``) to the run's end (``tail_end``) every sample wins, its whole window voting
+    for it. So a change costs a look at a few samples and a few ``searchsorted``, and a scan a few
+    passes over the series and a vote per run head, not per sample.
+
+    Times that are not all finite take the exact rule everywhere (``wins`` is None). ``counts`` holds
+    no row for the state itself (unless unknown): its own votes are never asked for."""
+
+    __slots__ = ("cand", "counts", "others", "t_others", "tail_end", "tail_start", "wins")
+
+    def __init__(
+        self,
+        t: np.ndarray,
+        cand: np.ndarray,
+        code: int,
+        share: float,
+        dwell_by_code: np.ndarray,
+        finite: bool,
+    ) -> None:
+        n = len(t)
+        self.cand = cand
+        # only another state's votes are ever counted, and failed reads (abstentions)
+        counts = np.zeros((len(GPU_STATES), n + 1), dtype=np.int32 if n < 1 << 31 else np.int64)
+        for c in np.flatnonzero(np.bincount(cand, minlength=len(GPU_STATES))):
+            if c != code or c == UNKNOWN_CODE:
+                np.cumsum(cand == c, out=counts[c, 1:])
+        self.counts = counts
+        self.others = others = np.flatnonzero(cand != code)
+        self.t_others = t[others]
+        self.wins: np.ndarray | None = None
+        self.tail_start = self.tail_end = _EMPTY_IDX
+        if not len(others) or not finite:
+            return
+        # runs of one candidate, other than this state
+        starts = np.flatnonzero(cand[1:] != cand[:-1]) + 1
+        starts = np.concatenate((_ZERO_IDX, starts))
+        ends = np.append(starts[1:], n)
+        keep = cand[starts] != code
+        starts, ends = starts[keep], ends[keep]
+        # the first sample whose window starts inside its run: a sample before the run lies more than
+        # the dwell (plus a margin far above rounding) before it
+        reach = t[np.maximum(starts - 1, 0)] + dwell_by_code[cand[starts]]
+        reach += _FAR_MARGIN_S + np.abs(reach) * 1e-12
+        sure = np.where(starts == 0, 0, t.searchsorted(reach, side="right"))
+        sure = np.minimum(np.maximum(sure, starts), ends)
+        # examine each run's head up to and with its first sure sample
+        lengths = np.minimum(sure + 1, ends) - starts
+        shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        heads = np.arange(len(shift)) + shift
+        _, _, won = _vote_test(t, cand, counts, heads, 0, share, dwell_by_code)
+        self.wins = heads[won]
+        tailed = sure < ends
+        self.tail_start, self.tail_end = sure[tailed], ends[tailed]
+
+    def next_change(
+        self,
+        t: np.ndarray,
+        i: int,
+        h0: int,
+        hist_start: float,
+        share: float,
+        dwell_by_code: np.ndarray,
+        max_dwell_s: float,
+    ) -> int:
+        """:func:`_first_change` over ``others[i:]`` (``h0``: the first sample since the last change,
+        ``hist_start``: the history's start time), by the exact rule only where the change can matter."""
+        others = self.others
+        wins = self.wins
+        if wins is None:
+            return _first_change(t, self.cand, self.counts, others, i, h0, hist_start, share, dwell_by_code)
+        # (the history starts after the last change: at or after the time of the sample before it)
+        near_end = hist_start + max_dwell_s
+        near_end += _FAR_MARGIN_S + abs(near_end) * 1e-12
+        j = int(self.t_others.searchsorted(near_end))
+        if i < j:
+            k = _first_change(t, self.cand, self.counts, others[:j], i, h0, hist_start, share, dwell_by_code)
+            if k >= 0:
+                return k
+            i = j
+        if i >= len(others):
+            return -1
+        x = int(others[i])
+        run = int(self.tail_start.searchsorted(x, side="right")) - 1
+        if run >= 0 and x < self.tail_end[run]:
+            return x
+        w = int(wins.searchsorted(x))
+        return int(wins[w]) if w < len(wins) else -1
 
 
 def classify_series(
@@ -257,49 +383,31 @@ def classify_series(
     h0 = 0 if h else skip  # first index of the current history (a carried history is this state's)
     share = table.vote_share
     dwell_by_code = _dwells(table)
-    cand_cache: dict[GpuState, np.ndarray] = {}
+    max_dwell_s = float(dwell_by_code.max())
+    finite = bool(np.isfinite(t).all())
+    scans: dict[GpuState, _StateScan] = {}
 
-    def cand_for(s: GpuState) -> np.ndarray:
-        got = cand_cache.get(s)
+    def scan_for(s: GpuState) -> _StateScan:
+        got = scans.get(s)
         if got is None:
             mine = np.where(stays_mask(table, s, power_frac, util, raw_new), np.int8(CODE[s]), raw_new)
             if h:
                 head = carry.hist_cand if s is carry.state else np.full(h, UNKNOWN_CODE, np.int8)
                 mine = np.concatenate((head, mine))
-            got = cand_cache[s] = mine.astype(np.int8, copy=False)
-        return got
-
-    count_cache: dict[GpuState, np.ndarray] = {}
-
-    def counts_for(s: GpuState) -> np.ndarray:
-        """(codes, n + 1): how many of the first k samples hold each candidate while in state s."""
-        got = count_cache.get(s)
-        if got is None:
-            cand = cand_for(s)
-            got = np.zeros((len(GPU_STATES), n + 1), dtype=np.int64)
-            for c in np.flatnonzero(np.bincount(cand, minlength=len(GPU_STATES))):
-                np.cumsum(cand == c, out=got[c, 1:])
-            count_cache[s] = got
-        return got
-
-    other_cache: dict[GpuState, np.ndarray] = {}
-
-    def others_for(s: GpuState) -> np.ndarray:
-        """Indices whose candidate (while in state s) is another state: the only places a change can fire."""
-        got = other_cache.get(s)
-        if got is None:
-            got = other_cache[s] = np.flatnonzero(cand_for(s) != CODE[s])
+            got = scans[s] = _StateScan(
+                t, mine.astype(np.int8, copy=False), CODE[s], share, dwell_by_code, finite
+            )
         return got
 
     while h0 < n:
         if hist_start is None:
             hist_start = float(t[h0])
-        cand = cand_for(state)
-        others = others_for(state)
-        i = int(others.searchsorted(max(h0, h)))  # carried samples were judged in their own chunk
-        fired_k = _first_change(t, cand, counts_for(state), others, i, h0, hist_start, share, dwell_by_code)
+        scan = scan_for(state)
+        i = int(scan.others.searchsorted(max(h0, h)))  # carried samples were judged in their own chunk
+        fired_k = scan.next_change(t, i, h0, hist_start, share, dwell_by_code, max_dwell_s)
         if fired_k < 0:
             break
+        cand = scan.cand
         c = int(cand[fired_k])
         lo = max(int(t.searchsorted(t[fired_k] - dwell_by_code[c])), h0)
         j = lo + int((cand[lo : fired_k + 1] == c).argmax())  # c's first sample in the window
@@ -310,8 +418,8 @@ def classify_series(
         hist_start = None
     # the history to carry: samples since the last change, within the longest dwell of the last one
     if h0 < n:
-        keep_from = max(h0, int(np.searchsorted(t, t[-1] - _max_dwell(table), side="left")))
-        cand = cand_for(state)
+        keep_from = max(h0, int(np.searchsorted(t, t[-1] - max_dwell_s, side="left")))
+        cand = scan_for(state).cand
         out = Carry(
             state,
             since_t,

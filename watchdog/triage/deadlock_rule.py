@@ -196,12 +196,14 @@ def _pieces(
 ) -> list[_Piece]:
     """``gpu``'s band intervals cut at its own bursts."""
     out: list[_Piece] = []
-    for a, b in spans:
+    # the bursts overlapping each interval (Bursts.within), found for every interval at once
+    first, last = bursts.within_each(spans)
+    burst_starts, burst_ends = bursts.start_s.tolist(), bursts.end_s.tolist()
+    for (a, b), i, j in zip(spans, first, last, strict=True):
         if b <= a:
             continue
         cursor = a
-        starts, ends = bursts.within(a, b)
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        for s, e in zip(burst_starts[i:j], burst_ends[i:j], strict=True):
             if s > cursor:
                 out.append(_Piece(gpu, cursor, s, EndedBy.PROGRESS))
             cursor = max(cursor, e)
