@@ -3,7 +3,10 @@
 The binding's import name is ``pynvml`` (the older unofficial ``pynvml`` package shadows it; either
 works here as long as it exposes the functions below). Every call runs on a per-GPU worker thread
 under a hard deadline (:mod:`gpu_triage.telemetry.deadline`): a wedged GPU costs one deadline, then
-fails fast while it backs off, and never stops the other GPUs being read.
+fails fast while it backs off, and never stops the other GPUs being read. A sample reads the healthy
+GPUs in sequence on one shared worker (one thread hand-off per sample); if that worker gets stuck in a
+GPU, the GPUs read before it keep their samples, the ones not reached time out for that sample only,
+and the stuck GPU is read on its own worker from then on (its backoff and fail-fast as before).
 
 Units, as NVML gives them and as :class:`~gpu_triage.model.samples.GpuSample` wants them:
 
@@ -121,7 +124,7 @@ class _GpuLost(Exception):
 
 @dataclass
 class _Board:
-    """Per-GPU state, touched only from that GPU's worker thread."""
+    """Per-GPU state, touched only by the one thread reading that GPU (the batch worker or its own)."""
 
     index: int
     info: GpuInfo
@@ -142,9 +145,10 @@ class _Board:
 
 
 class NvmlSource:
-    """Reads every GPU the driver lists, each on its own deadline-guarded worker thread.
+    """Reads every GPU the driver lists on deadline-guarded worker threads.
 
-    ``deadline_s`` bounds a whole sample (all GPUs are read in parallel against one deadline).
+    ``deadline_s`` bounds a whole sample (all GPUs are read against one deadline: the healthy ones in
+    sequence on one worker, any that overran before each on its own).
     ``nvml`` is the binding module (default ``import pynvml``); tests pass a fake. Construction
     runs ``nvmlInit`` under the deadline and raises :class:`TelemetryUnavailable` when the binding or
     the library is missing or init fails.
@@ -250,12 +254,17 @@ class NvmlSource:
     # -- sampling -------------------------------------------------------------------------------------
 
     def sample(self, now_s: float) -> list[GpuSample]:
-        """Read every GPU in parallel; returns within ``deadline_s`` (plus scheduling slack)."""
+        """Read every GPU; returns within ``deadline_s`` (plus scheduling slack).
+
+        The healthy GPUs are read in sequence on one worker (one thread hand-off per sample, not one
+        per GPU); a GPU that once overran is read on its own worker (see
+        :meth:`DeadlineExecutor.run_each <gpu_triage.telemetry.deadline.DeadlineExecutor.run_each>`).
+        """
         if self._closed:
             raise RuntimeError("NvmlSource is closed")
-        pendings = [self._ex.submit(b.index, self._read_gpu, b, now_s) for b in self._boards]
+        outcomes = self._ex.run_each([(b.index, self._read_gpu, (b, now_s)) for b in self._boards])
         samples: list[GpuSample] = []
-        for board, outcome in zip(self._boards, self._ex.wait_all(pendings), strict=True):
+        for board, outcome in zip(self._boards, outcomes, strict=True):
             if outcome.ok:
                 samples.append(cast(GpuSample, outcome.value))
             else:
