@@ -211,7 +211,9 @@ def test_healthy_gpus_are_read_in_sequence_on_one_worker(opened, monkeypatch) ->
     monkeypatch.setattr(fake, "nvmlDeviceGetPowerUsage", recording)
     for t in range(5):
         readers.append(set())
+        handoffs = source._ex.handoffs
         assert all(s.ok for s in source.sample(float(t)))
+        assert source._ex.handoffs - handoffs == 1  # jobs handed to worker threads
     assert [len(r) for r in readers] == [1] * 5
     assert threading.current_thread().name not in readers[0]
 
@@ -222,7 +224,7 @@ def test_a_gpu_wedging_in_the_batch_keeps_the_thread_count_bounded(opened) -> No
     fake = fake_nvml.hang(gpus=16, stuck=7)
     source = open_source(opened, fake, backoff_s=0.0)
     threads_before = threading.active_count()
-    for t in range(8):
+    for t in range(30):
         samples = source.sample(float(t))
         if t:
             assert all(s.ok for s in samples if s.gpu != 7)
