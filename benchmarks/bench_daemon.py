@@ -9,7 +9,13 @@ and the simulated job with 16 real rank processes writing progress files at 1 Hz
   measured first, the same way, and printed beside it (e.g. ``BENCH_BASELINE_REF=main``);
 * peak resident memory (VmHWM) - budget <= 100 MB;
 * /status latency percentiles at 200 requests/s from a second process (the client of bench_api) -
-  budget p99 <= 20 ms - and the daemon's missed cycles meanwhile (from /metrics) - budget 0.
+  budget p99 <= 20 ms - and the daemon's missed cycles meanwhile (from /metrics) - budget 0;
+* first, the NVML source alone (the bench daemon runs the simulator, which never pays what the real
+  source does): ``NvmlSource.sample`` over the scenario fake NVML (``tests/watchdog/fake_nvml.py``),
+  16 GPUs, paced at 10 Hz, CPU share of one core of its process (all threads). Its baseline is the
+  ``BENCH_BASELINE_REF`` tree's NvmlSource when that is set, else the per-GPU design (one worker
+  hand-off per GPU: ``submit`` + ``wait_all`` of the same reads on the same executor, as ``sample``
+  was before issue 30). ``python -m benchmarks.bench_daemon --nvml`` runs this part alone.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ CPU_BUDGET = 0.02
 CPU_GOAL = 0.005  # dcgm-exporter's order
 #: The daemon's CPU share the issue-22 report measured here before the cost work (2.8-3.2 %).
 CPU_BASELINE_PERCENT = 3.0
+GPUS_NVML = 16
 
 CHILD = r"""
 import os, signal, sys, time
@@ -64,6 +71,73 @@ finally:
     daemon.close()
     os.killpg(job.pid, signal.SIGKILL)
 """
+
+NVML_CHILD = r"""
+import sys, time
+from gpu_triage.telemetry.nvml import NvmlSource
+from tests.watchdog import fake_nvml
+window_s, design = float(sys.argv[1]), sys.argv[2]
+fake = fake_nvml.basic(16)
+src = NvmlSource(deadline_s=0.5, nvml=fake)
+if design == "per-gpu":  # the sample body before issue 30: one worker hand-off per GPU
+    ex, boards = src._ex, src._boards
+    def sample(now_s):
+        return ex.wait_all([ex.submit(b.index, src._read_gpu, b, now_s) for b in boards])
+else:
+    sample = src.sample
+for _ in range(20):
+    sample(0.0)
+n, t0, c0 = 0, time.monotonic(), time.process_time()
+next_s = t0
+while time.monotonic() - t0 < window_s:
+    sample(time.monotonic())
+    n += 1
+    next_s += 0.1
+    time.sleep(max(0.0, next_s - time.monotonic()))
+print((time.process_time() - c0) / (time.monotonic() - t0), n)
+src.close()
+"""
+
+
+def nvml_source_share(window_s: float, design: str, pythonpath: Path | None = None) -> float:
+    """CPU share of one core of a process doing nothing but ``NvmlSource.sample`` at 10 Hz over the
+    fake NVML, 16 GPUs. ``design``: ``batch`` (this tree's ``sample``) or ``per-gpu``; ``pythonpath``:
+    a baseline tree's import links (its gpu_triage; the fake stays this checkout's)."""
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), str(repo)])
+    out = subprocess.run(
+        [sys.executable, "-c", NVML_CHILD, str(window_s), design],
+        capture_output=True, text=True, check=True, env=env, cwd=repo,
+    )  # fmt: skip
+    return float(out.stdout.split()[0])
+
+
+def run_nvml(quick: bool = False) -> None:
+    window_s = 10.0 if quick else 30.0
+    ref = os.environ.get("BENCH_BASELINE_REF")
+    header(
+        f"NVML source alone: NvmlSource.sample over the scenario fake, {GPUS_NVML} GPUs, 10 Hz, "
+        f"{window_s:.0f} s"
+    )
+    if ref:
+        with tempfile.TemporaryDirectory(prefix="gpuwd-baseline-") as tmp:
+            baseline = nvml_source_share(window_s, "batch", baseline_tree(ref, Path(tmp)))
+        baseline_name = ref
+    else:
+        baseline = nvml_source_share(window_s, "per-gpu")
+        baseline_name = "per-GPU hand-offs"
+    share = nvml_source_share(window_s, "batch")
+    line(
+        f"NVML source alone (scenario fake, {GPUS_NVML} GPUs, 10 Hz)",
+        100 * share,
+        "%",
+        baseline=100 * baseline,
+        baseline_name=baseline_name,
+        budget=f"a share of the daemon's {100 * CPU_BUDGET:g} % (goal {100 * CPU_GOAL:g} %)",
+        higher_is_better=False,
+    )
 
 
 def _free_port() -> int:
@@ -149,6 +223,7 @@ def run(quick: bool = False) -> None:
     from benchmarks.bench_stacks import _find_daemon, isolated  # it imports this module
     from tests.isolation import pid_namespace_prefix
 
+    run_nvml(quick)
     window_s = 20.0 if quick else 60.0
     load_s = 5.0 if quick else 15.0
     baseline_ref = os.environ.get("BENCH_BASELINE_REF")
@@ -273,4 +348,7 @@ def run(quick: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    run(quick="--quick" in sys.argv)
+    if "--nvml" in sys.argv:
+        run_nvml(quick="--quick" in sys.argv)
+    else:
+        run(quick="--quick" in sys.argv)

@@ -347,3 +347,45 @@ def test_the_trackers_status_rows_carry_each_reading_in_its_own_field() -> None:
     tracker.update(2.0, [replace(good, time_s=2.0, error="timeout", power_w=None)])
     s0 = tracker.statuses()[0]
     assert (s0.power_w, s0.energy_j, s0.uuid, s0.read_errors_total) == (None, None, "GPU-0", 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),  # which GPU
+            st.sampled_from([COMPUTE, SPIN, IDLE, STARVED, COMM]),
+            st.sampled_from(["ok", "ok", "ok", "error", "limit", "impossible", "name"]),
+            st.integers(1, 8),  # that many samples in a row
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_the_trackers_rows_follow_every_change_although_their_facts_are_kept_between(
+    stream: list[tuple[int, tuple[float, float], str, int]],
+) -> None:
+    """GpuTracker.status_inputs remakes a GPU's facts (state, since, limit, edges, error counts) only
+    after update changed one of them: whatever the stream - state changes, failed reads, a new or an
+    impossible power limit, a new GPU name - the rows equal rows made afresh from the tracker's GPUs."""
+    from gpu_triage.classify.tracker import GpuTracker, status_rows
+    from gpu_triage.model.samples import GpuSample
+
+    tracker = GpuTracker(dwell_s={"compute": 0.2, "idle": 0.3})
+    steps = [(gpu, reading, what) for gpu, reading, what, n in stream for _ in range(n)]
+    for i, (gpu, (frac, util), what) in enumerate(steps):
+        now = 0.1 * i
+        limit = {"limit": 600.0, "impossible": 0.0}.get(what, 700.0)
+        sample = GpuSample(
+            gpu=gpu,
+            time_s=now,
+            power_w=None if what == "error" else frac * 700.0,
+            utilization_ratio=None if what == "error" else util,
+            power_limit_w=limit,
+            name="NVIDIA A100" if what == "name" else "NVIDIA H100",
+            error="timeout" if what == "error" else None,
+        )
+        tracker.update(now, [sample])
+        fresh = tuple(GpuTracker._facts_of(tracker._gpus[g]) for g in sorted(tracker._gpus))
+        samples = tuple(tracker._gpus[g].last for g in sorted(tracker._gpus))
+        assert tracker.statuses() == status_rows((samples, fresh))  # type: ignore[arg-type]

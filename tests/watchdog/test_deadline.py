@@ -212,3 +212,104 @@ def test_workers_are_daemon_threads(ex: DeadlineExecutor, gate: threading.Event)
         ex.call("k", gate.wait)
     new = [t for t in threading.enumerate() if t.name not in names_before]
     assert new and all(t.daemon for t in new)
+
+
+# -- run_each: the healthy keys in sequence on one batch worker (issue 30) -----------------------------
+
+
+def _where(log: list[str], value: object = None):
+    """A call that records the thread it ran on and returns ``value``."""
+
+    def call(key: object) -> object:
+        log.append(threading.current_thread().name)
+        return value if value is not None else key
+
+    return call
+
+
+def test_run_each_reads_healthy_keys_in_sequence_on_one_worker_one_handoff(ex: DeadlineExecutor) -> None:
+    threads: list[str] = []
+    for _ in range(3):
+        before = ex.handoffs
+        outcomes = ex.run_each([(k, _where(threads), (k,)) for k in range(16)])
+        assert [o.value for o in outcomes] == list(range(16))
+        assert ex.handoffs - before == 1
+    assert len(threads) == 48 and len(set(threads)) == 1  # one worker, kept between calls
+    assert threads[0] != threading.current_thread().name
+
+
+def test_run_each_keeps_each_keys_own_exception_as_its_outcome(ex: DeadlineExecutor) -> None:
+    outcomes = ex.run_each([(0, lambda: 1 / 0, ()), (1, lambda: "fine", ())])
+    assert isinstance(outcomes[0].error, ZeroDivisionError) and outcomes[1].value == "fine"
+    assert not ex.health(0).wedged
+
+
+def test_batch_stuck_in_one_key_blames_that_key_only(
+    ex: DeadlineExecutor, clock: ManualClock, gate: threading.Event
+) -> None:
+    """Stuck in key 2 of 5: keys 0-1 keep their values, 2 overran (its own backoff, its abandoned
+    thread), 3-4 time out this once and are read the next time by a fresh batch worker that no
+    backoff holds back; 2 fails fast meanwhile."""
+
+    def calls() -> list[tuple[int, object, tuple[()]]]:
+        return [(k, gate.wait if k == 2 else (lambda k=k: k * 10), ()) for k in range(5)]
+
+    outcomes, elapsed = timed(ex.run_each, calls())
+    assert elapsed < DEADLINE_S + SLACK_S
+    assert [o.value for o in outcomes[:2]] == [0, 10]
+    assert all(o.timed_out and not isinstance(o.error, Wedged) for o in outcomes[2:])
+    health = ex.health(2)
+    assert health.wedged and health.consecutive_overruns == 1 and health.abandoned_alive == 1
+    assert health.retry_in_s == 5.0
+    assert not any(ex.health(k).wedged for k in (0, 1, 3, 4))
+
+    before = ex.handoffs
+    outcomes, elapsed = timed(ex.run_each, calls())
+    assert elapsed < 0.05
+    assert [o.value for o in outcomes if o.ok] == [0, 10, 30, 40]
+    assert isinstance(outcomes[2].error, Wedged) and "retrying in" in str(outcomes[2].error)
+    assert ex.handoffs - before == 1  # the wedged key is refused, not handed to anyone
+
+    # after its backoff the key gets a fresh worker of its own (isolated: never back in the batch)
+    clock.now += 5.0
+    gate.set()
+    outcomes = ex.run_each(calls())
+    assert all(o.ok for o in outcomes) and not ex.health(2).wedged
+
+
+def test_a_key_that_overran_on_its_own_worker_is_not_batched(
+    ex: DeadlineExecutor, gate: threading.Event
+) -> None:
+    with pytest.raises(DeadlineExceeded):
+        ex.call(1, gate.wait)
+    outcomes, elapsed = timed(
+        ex.run_each, [(k, gate.wait if k == 1 else (lambda: "ok"), ()) for k in range(3)]
+    )
+    assert elapsed < 0.05
+    assert isinstance(outcomes[1].error, Wedged) and outcomes[0].ok and outcomes[2].ok
+
+
+def test_a_key_stuck_in_the_batch_fails_fast_on_its_own_key_too(
+    ex: DeadlineExecutor, gate: threading.Event
+) -> None:
+    """Health reads use the key's own worker: once the batch is stuck in the key, they back off too,
+    even if the key already had an idle worker of its own."""
+    assert ex.call(0, lambda: "health read") == "health read"
+    ex.run_each([(0, gate.wait, ())])
+    error, elapsed = timed(ex.call, 0, lambda: "never run")
+    assert isinstance(error, Wedged) and elapsed < 0.05
+
+
+def test_batch_abandonments_cannot_leak_threads(clock: ManualClock, gate: threading.Event) -> None:
+    """Every key wedges in turn: each abandonment isolates one more key, the cap holds per key."""
+    ex = DeadlineExecutor(0.05, backoff_s=0.0, max_abandoned_per_key=2, clock=clock)
+    threads_before = threading.active_count()
+    try:
+        for _ in range(12):
+            outcomes = ex.run_each([(k, gate.wait, ()) for k in range(4)])
+            assert all(o.timed_out for o in outcomes)
+        assert all(ex.health(k).abandoned_alive == 2 for k in range(4))
+        assert threading.active_count() - threads_before <= 4 * 2 + 1
+    finally:
+        gate.set()
+        ex.close()

@@ -5,6 +5,7 @@ Scenario fixtures (tests/watchdog/fake_nvml.py): basic, gpu_lost, not_supported,
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -168,6 +169,9 @@ def test_whole_field_values_call_failing_marks_its_fields(opened) -> None:
 
 
 def test_hung_gpu_costs_one_deadline_then_fails_fast_and_the_others_keep_reading(opened) -> None:
+    """GPU 5 wedges mid-batch (the healthy GPUs are read in sequence on one worker): GPUs 0-4 keep
+    their samples that cycle, 6-7 (not reached) time out that cycle only and are read fresh the next,
+    and the stuck GPU fails fast while it backs off, on its own key."""
     fake = fake_nvml.hang(stuck=5)
     source = open_source(opened, fake)
 
@@ -178,10 +182,11 @@ def test_hung_gpu_costs_one_deadline_then_fails_fast_and_the_others_keep_reading
     assert fake.hang_entered.is_set()
     assert samples[5].error is not None and samples[5].error.startswith("timeout")
     assert samples[5].power_w is None and samples[5].name == "NVIDIA B300 SXM6 AC"
-    assert all(s.ok for s in samples if s.gpu != 5)
+    assert all(s.ok and s.power_w == pytest.approx(850.0 + s.gpu) for s in samples[:5])
+    assert all(s.error is not None and s.error.startswith("timeout") for s in samples[6:])
     health = source.health()
     assert health[5].wedged and health[5].abandoned_alive == 1
-    assert not any(h.wedged for h in health[:5] + health[6:])
+    assert not any(h.wedged or h.abandoned_alive for h in health[:5] + health[6:])
 
     for t in range(2, 5):  # later samples: the wedged GPU fails fast during its backoff
         start = time.monotonic()
@@ -189,6 +194,43 @@ def test_hung_gpu_costs_one_deadline_then_fails_fast_and_the_others_keep_reading
         assert time.monotonic() - start < 0.1
         assert samples[5].error is not None and samples[5].error.startswith("wedged")
         assert all(s.ok for s in samples if s.gpu != 5)
+    assert source.per_gpu(lambda handle, index: index)[5][2] is not None  # health reads back off too
+
+
+def test_healthy_gpus_are_read_in_sequence_on_one_worker(opened, monkeypatch) -> None:
+    """One thread hand-off per sample for 16 GPUs, not 16 (issue 30: the hand-offs cost ~6x the reads)."""
+    fake = fake_nvml.basic(16)
+    source = open_source(opened, fake)
+    readers: list[set[str]] = []
+    power = fake.nvmlDeviceGetPowerUsage
+
+    def recording(handle):
+        readers[-1].add(threading.current_thread().name)
+        return power(handle)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetPowerUsage", recording)
+    for t in range(5):
+        readers.append(set())
+        handoffs = source._ex.handoffs
+        assert all(s.ok for s in source.sample(float(t)))
+        assert source._ex.handoffs - handoffs == 1  # jobs handed to worker threads
+    assert [len(r) for r in readers] == [1] * 5
+    assert threading.current_thread().name not in readers[0]
+
+
+def test_a_gpu_wedging_in_the_batch_keeps_the_thread_count_bounded(opened) -> None:
+    """Backoff over at once, so the stuck GPU is retried on a fresh worker each sample: the cap on its
+    abandoned threads holds, and the other 15 GPUs are read on time every sample after the first."""
+    fake = fake_nvml.hang(gpus=16, stuck=7)
+    source = open_source(opened, fake, backoff_s=0.0)
+    threads_before = threading.active_count()
+    for t in range(30):
+        samples = source.sample(float(t))
+        if t:
+            assert all(s.ok for s in samples if s.gpu != 7)
+        assert samples[7].error is not None
+    assert source.health()[7].abandoned_alive == 2  # the batch thread stuck in it, then one of its own
+    assert threading.active_count() - threads_before <= 2 + 1
 
 
 def test_hung_gpu_recovers_after_release_and_backoff(opened) -> None:
@@ -279,3 +321,47 @@ def test_pcie_is_read_at_most_once_per_interval(opened) -> None:
         (s,) = source.sample(float(t))
         assert s.pcie_tx_bytes_per_s == 2_000 * 1024
     assert fake.calls_to("nvmlDeviceGetPcieThroughput", 0) == 2  # tx + rx, once
+
+
+def test_a_10_hz_sample_makes_four_calls_per_gpu_the_slow_reads_once_per_interval(opened) -> None:
+    """Power, utilisation, energy and the field values (what the classifier judges) are read every
+    sample; memory, SM clock, temperature and the power limit once per ``slow_interval_s``, their last
+    values repeated between - each sample still has every field filled."""
+    fake = fake_nvml.basic(2)
+    source = open_source(opened, fake, slow_interval_s=60.0, pcie_interval_s=60.0, pids_interval_s=60.0)
+    before = fake.calls.copy()
+    samples = [source.sample(0.1 * t) for t in range(10)]  # one second at 10 Hz
+    per_gpu = {api: n for (api, gpu), n in (fake.calls - before).items() if gpu == 1}
+    assert per_gpu == {
+        "nvmlDeviceGetPowerUsage": 10,
+        "nvmlDeviceGetTotalEnergyConsumption": 10,
+        "nvmlDeviceGetUtilizationRates": 10,
+        "nvmlDeviceGetFieldValues": 10,
+        "nvmlDeviceGetMemoryInfo": 1,
+        "nvmlDeviceGetClockInfo": 1,
+        "nvmlDeviceGetTemperature": 1,
+        "nvmlDeviceGetEnforcedPowerLimit": 1,
+        "nvmlDeviceGetPcieThroughput": 2,  # tx and rx
+        "nvmlDeviceGetComputeRunningProcesses": 1,
+    }
+    assert sum(per_gpu.values()) == 47  # calls in a second per GPU at 10 Hz (83 before)
+    for s in samples[-1]:
+        assert s.ok and s.errors == ()
+        assert s.memory_used_bytes == samples[0][s.gpu].memory_used_bytes is not None
+        assert (s.sm_clock_mhz, s.temperature_c, s.power_limit_w) == (
+            samples[0][s.gpu].sm_clock_mhz,
+            samples[0][s.gpu].temperature_c,
+            samples[0][s.gpu].power_limit_w,
+        )
+        assert None not in (s.sm_clock_mhz, s.temperature_c, s.power_limit_w, s.memory_total_bytes)
+    # a slow read that fails is asked again at the next sample, not an interval later
+    flaky = fake_nvml.basic(1)
+    flaky.boards[0].errors["nvmlDeviceGetTemperature"] = fake_nvml.NVML_ERROR_UNKNOWN
+    retried = open_source(opened, flaky, slow_interval_s=60.0)
+    (s,) = retried.sample(2.0)
+    assert s.temperature_c is None and s.errors == ("temperature: Unknown",)
+    del flaky.boards[0].errors["nvmlDeviceGetTemperature"]
+    (s,) = retried.sample(2.1)
+    assert s.temperature_c == 60 and s.errors == ()
+    (s,) = retried.sample(2.2)
+    assert s.temperature_c == 60 and flaky.calls_to("nvmlDeviceGetTemperature", 0) == 2

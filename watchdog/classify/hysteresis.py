@@ -96,6 +96,8 @@ class GpuClassifier:
         self._state: GpuState | None = None
         self._since_s: float | None = None
         self._since_pos = 0.0
+        self.previous = GpuState.UNKNOWN
+        """The state before the last change (what :attr:`state` was before an update returned True)."""
         self._history: deque[tuple[float, int, float]] = deque()
         self._history_start_s: float | None = None
         self._keep_s = _max_dwell(table)
@@ -104,6 +106,10 @@ class GpuClassifier:
         }
         """Each band's exit boxes, computed once (the table is immutable): the daemon asks 10 times a
         second per GPU whether a sample stays in its state."""
+        self._boxes: tuple[Box, ...] | None = None
+        """The current state's exit boxes (None for unknown or before the first sample)."""
+        self._code = UNKNOWN_CODE
+        """The current state's code (bands.CODE)."""
 
     @property
     def state(self) -> GpuState:
@@ -113,22 +119,37 @@ class GpuClassifier:
     def since_s(self) -> float | None:
         return self._since_s
 
+    def _enter(self, state: GpuState, since_s: float, since_pos: float) -> None:
+        self.previous = self.state
+        self._state, self._since_s, self._since_pos = state, since_s, since_pos
+        self._boxes = self._exit_boxes.get(state)
+        self._code = CODE[state]
+
     def update(self, time_s: float, power_frac: float, util: float, pos: float = 0.0) -> bool:
         """Classify one sample; True when the state changed. NaN means missing."""
-        table = self.table
-        if self._state is None:
-            self._state, self._since_s, self._since_pos = raw_state(table, power_frac, util), time_s, pos
-            return True
-        state = self._state
-        boxes = self._exit_boxes.get(state)
+        boxes = self._boxes
         if boxes is not None and power_frac == power_frac and util == util:  # both read (not NaN)
-            stays = False  # a plain loop: 16 GPUs 10 times a second (no generator per sample)
+            # a plain loop: 16 GPUs 10 times a second (no generator per sample)
             for p_lo, p_hi, u_lo, u_hi in boxes:
                 if p_lo <= power_frac < p_hi and u_lo <= util < u_hi:
-                    stays = True
-                    break
+                    # the sample stays in its state (nearly every sample): a vote for it, no change
+                    hist = self._history
+                    hist.append((time_s, self._code, pos))
+                    if self._history_start_s is None:
+                        self._history_start_s = time_s
+                    oldest_s = time_s - self._keep_s
+                    while hist[0][0] < oldest_s:  # never empties: the sample just appended is newer
+                        hist.popleft()
+                    return False
+            stays = False
+        elif self._state is None:
+            self._enter(raw_state(self.table, power_frac, util), time_s, pos)
+            return True
         else:  # unknown, a failed read or a missing utilisation: the general rule
-            stays = stays_in(table, state, power_frac, util)
+            stays = stays_in(self.table, self._state, power_frac, util)
+        table = self.table
+        state = self._state
+        assert state is not None
         cand = state if stays else raw_state(table, power_frac, util)
         code = CODE[cand]
         hist = self._history
@@ -155,7 +176,7 @@ class GpuClassifier:
                         first = (t, p)
         if votes >= table.vote_share * total:
             assert first is not None
-            self._state, self._since_s, self._since_pos = cand, first[0], first[1]
+            self._enter(cand, first[0], first[1])
             hist.clear()
             self._history_start_s = None
             return True

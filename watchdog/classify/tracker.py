@@ -40,19 +40,24 @@ class StateChange:
     utilization_ratio: float | None
 
 
-StatusInput = tuple[
-    GpuSample, str, "float | None", GpuState, "float | None", int, int, "float | None", "float | None"
-]
-"""One GPU's status row before it is made (:meth:`GpuTracker.status_inputs`): the last sample, the
-table's model, the power limit, the state and since when, the read errors, the impossible limits, the
-compute floor and the spin ceiling (a plain tuple: 16 of them 10 times a second)."""
+GpuFacts = tuple[str, "float | None", GpuState, "float | None", int, int, "float | None", "float | None"]
+"""What one GPU's status row holds besides its last sample: the table's model, the power limit, the
+state and since when, the read errors, the impossible limits, the compute floor and the spin ceiling.
+They change with a state change, a failed read or a new limit, not with each sample."""
+
+StatusInputs = tuple[tuple[GpuSample, ...], tuple[GpuFacts, ...]]
+"""The GPUs' status rows before they are made (:meth:`GpuTracker.status_inputs`): each GPU's last
+sample and its :data:`GpuFacts`, in GPU order (plain tuples: taken 10 times a second)."""
 
 
-def status_rows(inputs: Sequence[StatusInput]) -> tuple[GpuStatus, ...]:
+def status_rows(inputs: StatusInputs) -> tuple[GpuStatus, ...]:
     """The snapshot's GPU rows. Pure: any thread may make them from the values the loop took; the loop
     makes them once per process period, a reader when it builds a snapshot (not 10 times a second)."""
     out = []
-    for s, model, limit_w, state, since_s, read_errors, impossible, floor_w, ceiling_w in inputs:
+    samples, facts = inputs
+    for s, (model, limit_w, state, since_s, read_errors, impossible, floor_w, ceiling_w) in zip(
+        samples, facts, strict=True
+    ):
         ok = s.error is None
         out.append(
             GpuStatus(
@@ -101,6 +106,12 @@ class GpuTracker:
     table_path: Path | None = None
     dwell_s: Mapping[str, float] = field(default_factory=dict)
     _gpus: dict[int, _Gpu] = field(default_factory=dict)
+    _order: tuple[_Gpu, ...] = field(default=(), init=False, repr=False, compare=False)
+    """The GPUs in GPU order (remade when one is added)."""
+    _facts: tuple[GpuFacts, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    """Every GPU's :data:`GpuFacts` as :meth:`status_inputs` last made them; None when a GPU's may
+    have changed since (:meth:`update` clears it on a state change, a failed read, an impossible or
+    a new power limit, a new GPU or table)."""
 
     def _table_for(self, sample: GpuSample) -> PowerTable:
         table = resolve_table(
@@ -134,8 +145,11 @@ class GpuTracker:
                 table = self._table_for(s)
                 gpu = _Gpu(table, GpuClassifier(table))
                 self._gpus[s.gpu] = gpu
+                self._order = tuple(self._gpus[g] for g in sorted(self._gpus))
+                self._facts = None
             if impossible:
                 gpu.impossible_limits_total += 1
+                self._facts = None
             limit = s.power_limit_w or gpu.table.power_limit_w
             if s.error is not None or s.power_w is None or not limit:
                 frac = math.nan
@@ -145,45 +159,62 @@ class GpuTracker:
                 frac = s.power_w / limit
                 gpu.last_good_s = now
             util = math.nan if s.utilization_ratio is None or s.error is not None else s.utilization_ratio
-            old = gpu.classifier.state
-            if gpu.classifier.update(now, frac, util):
-                new = gpu.classifier.state
+            c = gpu.classifier
+            if c.update(now, frac, util):
                 changes.append(
                     StateChange(
-                        s.gpu, s.uuid, old, new, gpu.classifier.since_s or now, s.power_w, s.utilization_ratio
+                        s.gpu, s.uuid, c.previous, c.state, c.since_s or now, s.power_w, s.utilization_ratio
                     )
                 )
-            if s.error is None or gpu.last is None:
+                self._facts = None
+            last = gpu.last
+            if s.error is None or last is None:
+                if last is None or last.power_limit_w != s.power_limit_w:
+                    self._facts = None  # the row's limit and band edges follow the sample's limit
                 gpu.last = s
             else:  # keep the last good static facts (name, uuid, limit) but report the failure
+                self._facts = None  # one more read error
                 gpu.last = replace(
                     s,
-                    name=gpu.last.name,
-                    uuid=gpu.last.uuid,
-                    power_limit_w=gpu.last.power_limit_w,
-                    pci_bus_id=s.pci_bus_id or gpu.last.pci_bus_id,
+                    name=last.name,
+                    uuid=last.uuid,
+                    power_limit_w=last.power_limit_w,
+                    pci_bus_id=s.pci_bus_id or last.pci_bus_id,
                 )
         return changes
 
-    def status_inputs(self) -> tuple[StatusInput, ...]:
+    def status_inputs(self) -> StatusInputs:
         """What each GPU's status row is made of now, as values that no longer change: the loop takes
-        them each cycle (cheap), :func:`status_rows` makes the rows when a reader wants them."""
-        out = []
-        for g in sorted(self._gpus):
-            t = self._gpus[g]
-            s = t.last
-            assert s is not None
-            limit = s.power_limit_w or t.table.power_limit_w
-            if t.edges is None or t.edges[0] != limit:
-                t.edges = (
-                    limit,
-                    _edge(t.table, GpuState.COMPUTE, "power_min", limit),
-                    _edge(t.table, GpuState.CHECKPOINT_OR_DEADLOCK, "power_max", limit),
-                )
-            c, (_, floor_w, ceiling_w) = t.classifier, t.edges
-            errors = (t.read_errors_total, t.impossible_limits_total)
-            out.append((s, t.table.model, limit, c.state, c.since_s, *errors, floor_w, ceiling_w))
-        return tuple(out)
+        them each cycle (the last samples; the facts made again only after :meth:`update` changed
+        one), :func:`status_rows` makes the rows when a reader wants them."""
+        order = self._order
+        facts = self._facts
+        if facts is None:
+            facts = self._facts = tuple(self._facts_of(t) for t in order)
+        return tuple([t.last for t in order]), facts  # type: ignore[misc]  # every GPU has a sample
+
+    @staticmethod
+    def _facts_of(t: _Gpu) -> GpuFacts:
+        s = t.last
+        assert s is not None
+        limit = s.power_limit_w or t.table.power_limit_w
+        if t.edges is None or t.edges[0] != limit:
+            t.edges = (
+                limit,
+                _edge(t.table, GpuState.COMPUTE, "power_min", limit),
+                _edge(t.table, GpuState.CHECKPOINT_OR_DEADLOCK, "power_max", limit),
+            )
+        c, (_, floor_w, ceiling_w) = t.classifier, t.edges
+        return (
+            t.table.model,
+            limit,
+            c.state,
+            c.since_s,
+            t.read_errors_total,
+            t.impossible_limits_total,
+            floor_w,
+            ceiling_w,
+        )
 
     def statuses(self) -> tuple[GpuStatus, ...]:
         return status_rows(self.status_inputs())

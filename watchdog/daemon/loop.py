@@ -26,12 +26,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
 from gpu_triage.actions.interface import Actions, Cycle
-from gpu_triage.classify.tracker import StatusInput, status_rows
+from gpu_triage.classify.tracker import StatusInputs, status_rows
 from gpu_triage.daemon.build import (
     check_token,
     make_actions,
@@ -302,28 +303,31 @@ class Daemon:
     def run_forever(self) -> None:
         period = self.config.daemon.period_s
         self.notifier.ready(f"watching {len(self.source.gpus())} GPU(s) from {self.source.name}")
-        next_tick = self.monotonic()
+        monotonic = self.monotonic  # looked up once: the loop reads it twice a cycle
+        build = self.on_cycle is not None
+        next_tick = monotonic()
         while not self._stop.is_set():
             if self._reload.is_set():
                 self._reload.clear()
                 self.reload()
                 period = self.config.daemon.period_s
-            t0 = self.monotonic()
-            self._tick(build=self.on_cycle is not None)  # the snapshot is built when first read
-            self.stats.last_duration_s = self.monotonic() - t0
-            now_m = self.monotonic()
+            t0 = monotonic()
+            self._tick(build=build)  # the snapshot is built when first read
+            now_m = monotonic()
+            stats = self.stats
+            stats.last_duration_s = now_m - t0
             if self.notifier.watchdog_due(now_m):
                 self.notifier.watchdog(now_m)
             next_tick += period
             lateness = now_m - next_tick
             if lateness > 0:
                 missed = int(lateness // period) + 1
-                self.stats.missed += missed
-                self.stats.worst_lateness_s = max(self.stats.worst_lateness_s, lateness)
+                stats.missed += missed
+                stats.worst_lateness_s = max(stats.worst_lateness_s, lateness)
                 next_tick += missed * period
             # Asleep until the next deadline or stop(): a lock's timed acquire is one call where an
             # Event's wait builds a condition each time (~0.02 % of a core at 10 Hz, issue 30).
-            if self._wake.acquire(timeout=max(0.0, next_tick - self.monotonic())):
+            if self._wake.acquire(timeout=max(0.0, next_tick - now_m)):
                 self._wake.release()  # stopped: every later sleep returns at once
 
     def tick(self) -> Snapshot | None:
@@ -341,7 +345,8 @@ class Daemon:
         except Exception as e:
             self._cycle_failed(e)
             return None
-        self._cycle_failed(None)
+        if self.health.failed_cycles:  # a success after failures (the health book has nothing to reset else)
+            self._cycle_failed(None)
         return snap
 
     def _cycle_failed(self, error: Exception | None) -> None:
@@ -442,11 +447,15 @@ class Daemon:
             self.store.maybe_reattach(now)
             self.store.maybe_prune(now)
         self.stats.cycles += 1
+        signals = self.observer.signals
+        signal_errors, node_errors = signals.errors, signals.node_errors
+        if node_errors:  # merged only when there is something to merge (nearly never)
+            signal_errors = {**signal_errors, **node_errors} if signal_errors else node_errors
         input_errors = self.health.input_errors(
             progress_errors=self.observer.progress_errors,
             job_errors=self.detector.job_errors,
             persist_errors=self.recorder.persist_errors,
-            signal_errors={**self.observer.signals.errors, **self.observer.signals.node_errors},
+            signal_errors=signal_errors,
             store=self.store,
         )
         if due or self._signal_status is None or self.node_health is not health_before:
@@ -466,48 +475,37 @@ class Daemon:
     def _snapshot_maker(
         self,
         now: float,
-        gpu_rows: tuple[StatusInput, ...],
+        gpu_rows: StatusInputs,
         statuses: tuple[GpuStatus, ...] | None,
         action_counters: dict[tuple[str, str], int],
         input_errors: tuple[dict[str, Any], ...],
     ) -> Callable[[], Snapshot]:
-        """What makes this cycle's snapshot: every value it holds taken now (none changes after), the
-        GPU rows and the Snapshot made by whoever calls it first (the loop, or a reader's thread)."""
-        cfg, signal_status = self.config, dict(self._signal_status or {})
-        fields: dict[str, Any] = dict(
-            node=self.node,
-            source=self.source.name,
-            mode=self.mode,
-            armed=self.mode is not Mode.OBSERVE,
-            cycle=self.cycle_no,
-            time=now,
-            period_s=cfg.daemon.period_s,
-            jobs=self._jobs,
-            sample_duration_s=self._sample_duration_s,
-            last_sample_time=self._last_sample_time,
-            started_at=self.started_at,
-            counters={
-                "cycles_total": float(self.stats.cycles),
-                "missed_cycles_total": float(self.stats.missed),
-                "failed_cycles_total": float(self.stats.failed),
-                "degraded_cycles_total": float(self.health.degraded_cycles + self.stats.failed),
-            },
-            actions=action_counters,
-            version=__version__,
-            untrusted_progress_files=self.observer.untrusted,
-            input_errors=input_errors,
-            stacks=signal_status.pop("stacks", {}),
-            fleet=self.observer.fleet_facts,
-            cluster=signal_status.pop("cluster", {}),
-            signals=signal_status,
-            node_health=self.node_health,
-            clock_offset_s=(self._wall if self._wall is not None else now) - now,
+        """What makes this cycle's snapshot: every value it holds taken now (none changes after: the
+        objects taken are replaced, never changed, by later cycles), the GPU rows and the Snapshot made
+        by whoever calls it first (the loop, or a reader's thread). One partial, no dict, 10 times a
+        second; the fields are put together by :func:`_make_snapshot`."""
+        stats = self.stats
+        return partial(
+            _make_snapshot,
+            self,
+            self.mode,
+            self.cycle_no,
+            now,
+            self.config.daemon.period_s,
+            self._jobs,
+            self._sample_duration_s,
+            self._last_sample_time,
+            (stats.cycles, stats.missed, stats.failed, self.health.degraded_cycles),
+            action_counters,
+            self.observer.untrusted,
+            input_errors,
+            self._signal_status,
+            self.observer.fleet_facts,
+            self.node_health,
+            self._wall,
+            gpu_rows,
+            statuses,
         )
-
-        def make() -> Snapshot:
-            return Snapshot(gpus=statuses if statuses is not None else status_rows(gpu_rows), **fields)
-
-        return make
 
     def _node_facts(self, now: float) -> None:
         """Every cycle, jobs or none: the node-level signals' facts (the node verdict); a change of the
@@ -567,6 +565,62 @@ class Daemon:
         job: str | None = None,
     ) -> None:
         self.recorder.event(kind, payload, now, gpu=gpu, job=job)
+
+
+def _make_snapshot(
+    daemon: Daemon,
+    mode: Mode,
+    cycle_no: int,
+    now: float,
+    period_s: float,
+    jobs: tuple[JobStatus, ...],
+    sample_duration_s: float,
+    last_sample_time: float | None,
+    counts: tuple[int, int, int, int],
+    action_counters: dict[tuple[str, str], int],
+    untrusted: Any,
+    input_errors: tuple[dict[str, Any], ...],
+    signal_status: dict[str, Any] | None,
+    fleet: Any,
+    node_health: NodeHealth,
+    wall: float | None,
+    gpu_rows: StatusInputs,
+    statuses: tuple[GpuStatus, ...] | None,
+) -> Snapshot:
+    """One cycle's snapshot from the values :meth:`Daemon._snapshot_maker` took at its end (the
+    daemon's node, source and start time do not change while it runs)."""
+    cycles, missed, failed, degraded = counts
+    signals = dict(signal_status or {})
+    return Snapshot(
+        gpus=statuses if statuses is not None else status_rows(gpu_rows),
+        node=daemon.node,
+        source=daemon.source.name,
+        mode=mode,
+        armed=mode is not Mode.OBSERVE,
+        cycle=cycle_no,
+        time=now,
+        period_s=period_s,
+        jobs=jobs,
+        sample_duration_s=sample_duration_s,
+        last_sample_time=last_sample_time,
+        started_at=daemon.started_at,
+        counters={
+            "cycles_total": float(cycles),
+            "missed_cycles_total": float(missed),
+            "failed_cycles_total": float(failed),
+            "degraded_cycles_total": float(degraded + failed),
+        },
+        actions=action_counters,
+        version=__version__,
+        untrusted_progress_files=untrusted,
+        input_errors=input_errors,
+        stacks=signals.pop("stacks", {}),
+        fleet=fleet,
+        cluster=signals.pop("cluster", {}),
+        signals=signals,
+        node_health=node_health,
+        clock_offset_s=(wall if wall is not None else now) - now,
+    )
 
 
 __all__ = ["Daemon"]

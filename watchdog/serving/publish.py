@@ -6,8 +6,9 @@ holds no lock while it renders, so a slow HTTP client can never delay a cycle.
 
 The loop may publish a cycle *unbuilt* (:meth:`SnapshotHolder.publish_lazy`): the values the snapshot
 is made of, taken (immutable) at the end of the cycle, and the function that makes it. The first reader
-of that cycle builds it, once (a lock of that cycle's own, which the loop never takes); a cycle nobody
-reads is never built. Ten cycles a second and a scrape every few seconds: most are never read (issue 30).
+of that cycle builds it, once (under the holder's build lock, which the loop never takes: readers
+building two cycles take turns); a cycle nobody reads is never built. Ten cycles a second and a scrape
+every few seconds: most are never read (issue 30).
 
 :meth:`SnapshotHolder.wait_for_cycle` lets tests and tools block until a given cycle has been
 published (a condition variable notified on publish; the loop holds its lock only for the notify).
@@ -27,11 +28,12 @@ class _Unbuilt:
 
     __slots__ = ("_build", "_lock", "_snapshot", "cycle")
 
-    def __init__(self, cycle: int, build: Callable[[], Snapshot]) -> None:
+    def __init__(self, cycle: int, build: Callable[[], Snapshot], lock: threading.Lock) -> None:
         self.cycle = cycle
         self._build: Callable[[], Snapshot] | None = build
         self._snapshot: Snapshot | None = None
-        self._lock = threading.Lock()
+        self._lock = lock
+        """The holder's build lock (shared: not a lock made per cycle, 10 times a second)."""
 
     def get(self) -> Snapshot:
         snapshot = self._snapshot
@@ -47,13 +49,15 @@ class _Unbuilt:
 class SnapshotHolder:
     """Thread-safe holder of the latest published :class:`Snapshot` (``None`` before the first cycle)."""
 
-    __slots__ = ("_changed", "_latest", "_published_monotonic_s", "_waiters")
+    __slots__ = ("_build_lock", "_changed", "_latest", "_published_monotonic_s", "_waiters")
 
     def __init__(self, initial: Snapshot | None = None) -> None:
         self._latest: Snapshot | _Unbuilt | None = initial
         self._published_monotonic_s: float | None = time.monotonic() if initial is not None else None
         self._changed = threading.Condition(threading.Lock())
         self._waiters = 0
+        self._build_lock = threading.Lock()
+        """Held by a reader while it builds an unbuilt cycle (never by the loop)."""
         """Threads in :meth:`wait_for_cycle` (publish takes the lock to wake them only when there are)."""
 
     def publish(self, snapshot: Snapshot) -> None:
@@ -63,7 +67,7 @@ class SnapshotHolder:
     def publish_lazy(self, cycle: int, build: Callable[[], Snapshot]) -> None:
         """Make cycle ``cycle`` the latest, built by ``build`` when first read (on the reader's thread:
         ``build`` reads only values that no longer change)."""
-        self._swap(_Unbuilt(cycle, build))
+        self._swap(_Unbuilt(cycle, build, self._build_lock))
 
     def _swap(self, latest: Snapshot | _Unbuilt) -> None:
         self._latest = latest  # a single reference store: atomic for readers

@@ -16,7 +16,22 @@ the process alive) and will exit by itself if the call ever returns. The key is 
   ``max_abandoned_per_key`` abandoned threads may be alive per key: while that many are still stuck,
   calls fail fast as wedged, whatever the backoff says.
 
-Thread count is therefore bounded by ``keys x (1 + max_abandoned_per_key)``.
+Thread count is therefore bounded by ``keys x (1 + max_abandoned_per_key)`` (plus one batch worker).
+
+Reading many keys each sample (16 GPUs at 10 Hz) costs one thread hand-off per key and call that way -
+on a 16-GPU node the hand-offs cost ~6x the reads themselves. :meth:`DeadlineExecutor.run_each` reads
+the keys that never overran *in sequence on one shared batch worker* (one hand-off per sample) under
+the same one deadline. The batch job records which key it is in; when it overruns:
+
+- the keys it finished give their results; the key it is stuck in is marked overran exactly as if its
+  own worker had overrun (the stuck batch thread counts as that key's abandoned thread: backoff,
+  fail-fast and the abandoned-thread cap apply to it as above), and it is *isolated*: from then on it
+  is always called on its own worker (it stays isolated - simple, and each abandonment isolates one
+  more key, so batch abandonments are bounded by the number of keys);
+- the keys not reached get a :class:`DeadlineExceeded` this time and go into a fresh batch worker next
+  time - the batch itself never backs off, so a healthy key is never refused because of another.
+
+A key that overran on its own worker (:meth:`submit`) is isolated too.
 
 Everything here is plain threading, with no NVML in sight, so the tests drive it with functions that
 sleep or block on an :class:`threading.Event`. The backoff clock is injectable (``clock``) so tests can
@@ -28,6 +43,7 @@ Usage::
     watts = ex.call(3, read_power, handle)          # value, or raises DeadlineExceeded / Wedged
     pending = [ex.submit(i, read_gpu, i) for i in range(8)]
     results = ex.wait_all(pending)                   # one shared deadline for all 8 GPUs
+    results = ex.run_each([(i, read_gpu, (i,)) for i in range(8)])  # the same, one hand-off
 """
 
 from __future__ import annotations
@@ -37,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -83,12 +99,52 @@ class _Job:
         self.done.set()
 
 
+class _BatchJob:
+    """Several keys' calls run in sequence on one worker; ``current`` says which one it is in.
+
+    ``current`` is the index of the call running now (-1: not started; ``len(calls)``: all finished),
+    moved only under the executor's lock, which is also where the caller abandons the batch: so when
+    the caller gives up, calls before ``current`` have their outcomes, ``current`` is the one stuck, and
+    none after it will ever start.
+    """
+
+    __slots__ = ("abandoned", "calls", "current", "done", "errors", "lock", "values")
+
+    def __init__(
+        self, calls: Sequence[tuple[Hashable, Callable[..., Any], tuple[Any, ...]]], lock: threading.Lock
+    ) -> None:
+        self.calls = calls
+        self.lock = lock
+        self.values: list[Any] = [None] * len(calls)
+        self.errors: list[BaseException | None] = [None] * len(calls)
+        self.current = -1
+        self.abandoned = False
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        calls, values, errors, lock = self.calls, self.values, self.errors, self.lock
+        try:
+            for i, (_key, fn, args) in enumerate(calls):
+                with lock:
+                    if self.abandoned:
+                        return
+                    self.current = i
+                try:
+                    values[i] = fn(*args)
+                except BaseException as exc:  # handed to the caller as that key's outcome
+                    errors[i] = exc
+            with lock:
+                self.current = len(calls)
+        finally:
+            self.done.set()
+
+
 class _CallWorker:
     """A daemon thread executing the jobs of one key, in order, until stopped or abandoned."""
 
     def __init__(self, key: Hashable, name: str) -> None:
         self.key = key
-        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[_Job | _BatchJob | None] = queue.SimpleQueue()
         self.abandoned = False
         self.thread = threading.Thread(target=self._loop, name=f"{name}-{key}", daemon=True)
         self.thread.start()
@@ -114,6 +170,8 @@ class _KeyState:
     consecutive_overruns: int = 0
     retry_at: float = 0.0
     """Clock time before which calls fail fast (backoff after an overrun)."""
+    isolated: bool = False
+    """The key overran once: :meth:`DeadlineExecutor.run_each` calls it on its own worker from now on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +256,10 @@ class DeadlineExecutor:
         self._name = name
         self._lock = threading.Lock()
         self._keys: dict[Hashable, _KeyState] = {}
+        self._batch_worker: _CallWorker | None = None
         self._closed = False
+        self.handoffs = 0
+        """Jobs handed to worker threads so far (a batch is one): what a sample costs in hand-offs."""
 
     # -- submitting -----------------------------------------------------------------------------
 
@@ -221,7 +282,70 @@ class DeadlineExecutor:
             job = _Job(fn, args, kwargs)
             worker = state.worker
             worker.jobs.put(job)
+            self.handoffs += 1
             return Pending(key, job, worker)
+
+    def run_each(
+        self,
+        calls: Sequence[tuple[Hashable, Callable[..., T], tuple[Any, ...]]],
+        timeout_s: float | None = None,
+    ) -> list[Outcome[T]]:
+        """``fn(*args)`` for each ``(key, fn, args)``, all against one shared deadline, outcomes in order.
+
+        Keys that never overran run in sequence on the one batch worker (one hand-off for all of
+        them); isolated keys (overran before) run on their own workers as :meth:`submit` runs them, so
+        a wedged key still fails fast with :class:`Wedged` while it backs off. Keys must be distinct.
+        """
+        budget_s = self.deadline_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget_s
+        batched: list[int] = []
+        own: list[tuple[int, Pending[T]]] = []
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("DeadlineExecutor is closed")
+            for i, (key, _fn, _args) in enumerate(calls):
+                state = self._keys.get(key)
+                if state is None or not state.isolated:
+                    batched.append(i)
+        in_batch = set(batched)
+        for i, (key, fn, args) in enumerate(calls):
+            if i not in in_batch:
+                own.append((i, self.submit(key, fn, *args)))
+        outcomes: list[Outcome[T] | None] = [None] * len(calls)
+        if batched:
+            job = _BatchJob([calls[i] for i in batched], self._lock)
+            with self._lock:
+                if self._batch_worker is None:
+                    self._batch_worker = _CallWorker("batch", self._name)
+                worker = self._batch_worker
+                worker.jobs.put(job)
+                self.handoffs += 1
+            job.done.wait(max(0.0, deadline - time.monotonic()))
+            for i, outcome in zip(batched, self._batch_outcomes(job, worker, budget_s), strict=True):
+                outcomes[i] = outcome
+        for i, pending in own:
+            outcomes[i] = self._collect(pending, deadline, budget_s)
+        return cast(list[Outcome[T]], outcomes)
+
+    def _batch_outcomes(self, job: _BatchJob, worker: _CallWorker, budget_s: float) -> list[Outcome[Any]]:
+        """The batch's outcomes; if it is still running, abandon it (see :class:`_BatchJob`)."""
+        with self._lock:
+            stuck = job.current
+            if stuck < len(job.calls):
+                job.abandoned = True
+                worker.abandoned = True
+                if self._batch_worker is worker:
+                    self._batch_worker = None
+                if stuck >= 0:
+                    # the stuck call's key takes the blame (and the thread) exactly as its own worker would
+                    self._mark_overran(job.calls[stuck][0], worker)
+        outcomes: list[Outcome[Any]] = []
+        for i, (key, _fn, _args) in enumerate(job.calls):
+            if i < stuck or stuck == len(job.calls):
+                outcomes.append(Outcome(key, value=job.values[i], error=job.errors[i]))
+            else:
+                outcomes.append(Outcome(key, error=DeadlineExceeded(key, budget_s)))
+        return outcomes
 
     def _refusal(self, key: Hashable, state: _KeyState) -> Wedged | None:
         """Why a fresh worker may not be started for ``key`` now (None: it may)."""
@@ -289,21 +413,32 @@ class DeadlineExecutor:
             if state.worker is worker:
                 worker.abandoned = True
                 state.worker = None
-                state.abandoned.append(worker)
-                state.consecutive_overruns += 1
-                backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (state.consecutive_overruns - 1))
-                state.retry_at = self._clock() + backoff
+                self._mark_overran(key, worker)
                 # Calls queued behind the stuck one would wait forever: fail them now.
                 while True:
                     try:
                         queued = worker.jobs.get_nowait()
                     except queue.Empty:
                         break
-                    if queued is not None:
+                    if isinstance(queued, _Job):  # a key's own worker never holds batches
                         queued.fail(
                             Wedged(key, self.deadline_s, f"{key!r} is wedged: queued behind a stuck call")
                         )
             return False
+
+    def _mark_overran(self, key: Hashable, worker: _CallWorker) -> None:
+        """``worker`` is stuck in a call on ``key``: count it against the key, back off, isolate.
+        Called with the lock held, after ``worker`` was abandoned."""
+        state = self._keys.setdefault(key, _KeyState())
+        state.abandoned.append(worker)
+        state.consecutive_overruns += 1
+        backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (state.consecutive_overruns - 1))
+        state.retry_at = self._clock() + backoff
+        state.isolated = True
+        if state.worker is not None and state.worker is not worker:
+            # an idle worker of the key's own (health reads) would skip the backoff: retire it
+            state.worker.jobs.put(None)
+            state.worker = None
 
     def _returned(self, key: Hashable, worker: _CallWorker) -> None:
         """A call came back in time (with a value or its own exception): the key is healthy again."""
@@ -336,6 +471,9 @@ class DeadlineExecutor:
             if self._closed:
                 return
             self._closed = True
+            if self._batch_worker is not None:
+                self._batch_worker.jobs.put(None)
+                self._batch_worker = None
             for state in self._keys.values():
                 if state.worker is not None:
                     state.worker.jobs.put(None)

@@ -3,7 +3,10 @@
 The binding's import name is ``pynvml`` (the older unofficial ``pynvml`` package shadows it; either
 works here as long as it exposes the functions below). Every call runs on a per-GPU worker thread
 under a hard deadline (:mod:`gpu_triage.telemetry.deadline`): a wedged GPU costs one deadline, then
-fails fast while it backs off, and never stops the other GPUs being read.
+fails fast while it backs off, and never stops the other GPUs being read. A sample reads the healthy
+GPUs in sequence on one shared worker (one thread hand-off per sample); if that worker gets stuck in a
+GPU, the GPUs read before it keep their samples, the ones not reached time out for that sample only,
+and the stuck GPU is read on its own worker from then on (its backoff and fail-fast as before).
 
 Units, as NVML gives them and as :class:`~gpu_triage.model.samples.GpuSample` wants them:
 
@@ -43,6 +46,12 @@ that rejects it.
 
 ``nvmlDeviceGetPcieThroughput`` samples the bus for ~20 ms per call inside the driver, so PCIe is read
 at most every ``pcie_interval_s`` per GPU; between reads the last rates are repeated.
+
+What the classifier judges changes between samples - power, utilisation, energy and the field values
+(instantaneous power, NVLink) - and is read every sample (four calls per GPU at 10 Hz). What changes
+slowly - memory in use, SM clock, temperature, the enforced power limit - is read at most every
+``slow_interval_s`` (1 s) per GPU and repeated between, so each sample still has it; a read that
+failed is asked again at the next sample, not an interval later.
 """
 
 from __future__ import annotations
@@ -115,7 +124,7 @@ class _GpuLost(Exception):
 
 @dataclass
 class _Board:
-    """Per-GPU state, touched only from that GPU's worker thread."""
+    """Per-GPU state, touched only by the one thread reading that GPU (the batch worker or its own)."""
 
     index: int
     info: GpuInfo
@@ -129,12 +138,17 @@ class _Board:
     pids_read_at: float = -1e18
     pids: tuple[int, ...] | None = None
     """The compute processes last read (None: the read failed)."""
+    slow_read_at: float = -1e18
+    slow: dict[str, Any] = field(default_factory=dict)
+    """The slowly changing reads (memory, sm_clock, temperature, power_limit) as last answered; a
+    feature whose last read failed is absent (asked again at the next sample)."""
 
 
 class NvmlSource:
-    """Reads every GPU the driver lists, each on its own deadline-guarded worker thread.
+    """Reads every GPU the driver lists on deadline-guarded worker threads.
 
-    ``deadline_s`` bounds a whole sample (all GPUs are read in parallel against one deadline).
+    ``deadline_s`` bounds a whole sample (all GPUs are read against one deadline: the healthy ones in
+    sequence on one worker, any that overran before each on its own).
     ``nvml`` is the binding module (default ``import pynvml``); tests pass a fake. Construction
     runs ``nvmlInit`` under the deadline and raises :class:`TelemetryUnavailable` when the binding or
     the library is missing or init fails.
@@ -151,6 +165,7 @@ class NvmlSource:
         max_backoff_s: float = 300.0,
         pcie_interval_s: float = 1.0,
         pids_interval_s: float = 1.0,
+        slow_interval_s: float = 1.0,
     ) -> None:
         self._nvml = _import_pynvml() if nvml is None else nvml
         self.deadline_s = float(deadline_s)
@@ -158,6 +173,8 @@ class NvmlSource:
         self.pids_interval_s = float(pids_interval_s)
         """How often each GPU's compute processes are listed (the daemon's process period: only the
         process work reads them); between lists the last one is repeated."""
+        self.slow_interval_s = float(slow_interval_s)
+        """How often memory, SM clock, temperature and power limit are read per GPU (repeated between)."""
         self._ex = DeadlineExecutor(deadline_s, backoff_s=backoff_s, max_backoff_s=max_backoff_s, name="nvml")
         self._closed = False
         self._close_lock = threading.Lock()
@@ -237,12 +254,17 @@ class NvmlSource:
     # -- sampling -------------------------------------------------------------------------------------
 
     def sample(self, now_s: float) -> list[GpuSample]:
-        """Read every GPU in parallel; returns within ``deadline_s`` (plus scheduling slack)."""
+        """Read every GPU; returns within ``deadline_s`` (plus scheduling slack).
+
+        The healthy GPUs are read in sequence on one worker (one thread hand-off per sample, not one
+        per GPU); a GPU that once overran is read on its own worker (see
+        :meth:`DeadlineExecutor.run_each <gpu_triage.telemetry.deadline.DeadlineExecutor.run_each>`).
+        """
         if self._closed:
             raise RuntimeError("NvmlSource is closed")
-        pendings = [self._ex.submit(b.index, self._read_gpu, b, now_s) for b in self._boards]
+        outcomes = self._ex.run_each([(b.index, self._read_gpu, (b, now_s)) for b in self._boards])
         samples: list[GpuSample] = []
-        for board, outcome in zip(self._boards, self._ex.wait_all(pendings), strict=True):
+        for board, outcome in zip(self._boards, outcomes, strict=True):
             if outcome.ok:
                 samples.append(cast(GpuSample, outcome.value))
             else:
@@ -290,10 +312,23 @@ class NvmlSource:
 
         energy_mj = optional("energy", nv.nvmlDeviceGetTotalEnergyConsumption, handle)
         util = optional("utilization", nv.nvmlDeviceGetUtilizationRates, handle)
-        memory = optional("memory", nv.nvmlDeviceGetMemoryInfo, handle)
-        sm_clock = optional("sm_clock", nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
-        temperature = optional("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
-        limit_mw = optional("power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, handle)
+        slow = board.slow
+        now = time.monotonic()
+        if now - board.slow_read_at >= self.slow_interval_s:
+            board.slow_read_at = now
+            slow.clear()  # all four asked again
+        for feature, fn, *args in (
+            ("memory", nv.nvmlDeviceGetMemoryInfo, handle),
+            ("sm_clock", nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM),
+            ("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU),
+            ("power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, handle),
+        ):
+            if feature not in slow:  # due, or its last read failed (NotSupported: never stored)
+                value = optional(feature, fn, *args)
+                if value is not None:
+                    slow[feature] = value
+        memory, sm_clock = slow.get("memory"), slow.get("sm_clock")
+        temperature, limit_mw = slow.get("temperature"), slow.get("power_limit")
         pids = self._read_pids(board, optional)
         fields = self._read_fields(board, errors)
         pcie_tx, pcie_rx = self._read_pcie(board, errors)

@@ -1,5 +1,6 @@
 """NVML health reads and events for the health signal (``signals/health``), behind the same hard
-deadlines as the telemetry reads (:class:`~gpu_triage.telemetry.nvml.NvmlSource`'s per-GPU workers).
+deadlines as the telemetry reads (:meth:`~gpu_triage.telemetry.nvml.NvmlSource.per_gpu`: each GPU's
+own worker and deadline key, so a GPU wedged in a telemetry read fails fast here too, and back).
 
 Polled per GPU (:meth:`NvmlHealthReader.read`, all GPUs in parallel against one deadline):
 
