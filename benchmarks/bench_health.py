@@ -320,29 +320,25 @@ def _pooled(rounds: list[dict], phase: str, key: str = "latencies_s") -> list[fl
     return [x for r in rounds for x in r[phase][key]]
 
 
+def _ms_vs_loop(name: str, value: float, base: float, *, budget: str = "", ok: bool | None = None) -> None:
+    """One latency line, the door's beside the loop's (lower is better)."""
+    line(name, value, "ms", baseline=base, baseline_name="on the loop", budget=budget, ok=ok,
+         higher_is_better=False)  # fmt: skip
+
+
 def _report(label: str, phase: str, door: list[dict], loop: list[dict]) -> None:
     """One phase (printed as ``label``): pooled percentiles (p99 with its confidence interval, the
     budget judged on it), the median and range of the rounds' p99s, failures, and the bare server's
     p99 beside."""
     p, base = _pct(_pooled(door, phase)), _pct(_pooled(loop, phase))
     n = len(_pooled(door, phase))
-    line(
-        f"p50 {label}",
-        p["p50"],
-        "ms",
-        baseline=base["p50"],
-        baseline_name="on the loop",
-        higher_is_better=False,
-    )
-    line(
+    _ms_vs_loop(f"p50 {label}", p["p50"], base["p50"])
+    _ms_vs_loop(
         f"p99 {label} (pooled, {n} probes)",
         p["p99"],
-        "ms",
-        baseline=base["p99"],
-        baseline_name="on the loop",
+        base["p99"],
         budget=f"<= {P99_BUDGET_MS:.0f} ms",
         ok=p["p99"] <= P99_BUDGET_MS,
-        higher_is_better=False,
     )
     ci, ci_base = quantile_ci(_pooled(door, phase)), quantile_ci(_pooled(loop, phase))
     print(
@@ -350,13 +346,10 @@ def _report(label: str, phase: str, door: list[dict], loop: list[dict]) -> None:
     )
     per_round = [_pct(r[phase]["latencies_s"])["p99"] for r in door]
     per_round_base = [_pct(r[phase]["latencies_s"])["p99"] for r in loop]
-    line(
+    _ms_vs_loop(
         f"p99 {label} (median of {len(door)} rounds)",
         statistics.median(per_round),
-        "ms",
-        baseline=statistics.median(per_round_base),
-        baseline_name="on the loop",
-        higher_is_better=False,
+        statistics.median(per_round_base),
     )
     print(
         "      rounds' p99: door "
@@ -365,14 +358,7 @@ def _report(label: str, phase: str, door: list[dict], loop: list[dict]) -> None:
         + " / ".join(f"{v:.2f}" for v in per_round_base)
         + " ms"
     )
-    line(
-        f"max {label}",
-        p["max"],
-        "ms",
-        baseline=base["max"],
-        baseline_name="on the loop",
-        higher_is_better=False,
-    )
+    _ms_vs_loop(f"max {label}", p["max"], base["max"])
     failures = sum(r[phase]["failures"] for r in door)
     failures_base = sum(r[phase]["failures"] for r in loop)
     line(
