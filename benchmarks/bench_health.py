@@ -351,13 +351,7 @@ def _report(label: str, phase: str, door: list[dict], loop: list[dict]) -> None:
         statistics.median(per_round),
         statistics.median(per_round_base),
     )
-    print(
-        "      rounds' p99: door "
-        + " / ".join(f"{v:.2f}" for v in per_round)
-        + " ms, on the loop "
-        + " / ".join(f"{v:.2f}" for v in per_round_base)
-        + " ms"
-    )
+    _print_rounds("rounds' p99: door", per_round, "on the loop", per_round_base)
     _ms_vs_loop(f"max {label}", p["max"], base["max"])
     failures = sum(r[phase]["failures"] for r in door)
     failures_base = sum(r[phase]["failures"] for r in loop)
@@ -390,13 +384,13 @@ def _report(label: str, phase: str, door: list[dict], loop: list[dict]) -> None:
         )
     bare_rounds = [_pct(r[phase]["control_s"])["p99"] for r in door]
     bare_rounds_base = [_pct(r[phase]["control_s"])["p99"] for r in loop]
-    print(
-        "      rounds' bare p99: beside the door "
-        + " / ".join(f"{v:.2f}" for v in bare_rounds)
-        + " ms, beside the loop "
-        + " / ".join(f"{v:.2f}" for v in bare_rounds_base)
-        + " ms"
-    )
+    _print_rounds("rounds' bare p99: beside the door", bare_rounds, "beside the loop", bare_rounds_base)
+
+
+def _print_rounds(label: str, values_ms: list[float], base_label: str, base_ms: list[float]) -> None:
+    """One line of per-round values (ms), the door's then the loop's."""
+    door, loop = (" / ".join(f"{v:.2f}" for v in vs) for vs in (values_ms, base_ms))
+    print(f"      {label} {door} ms, {base_label} {loop} ms")
 
 
 def run(quick: bool = False) -> None:

@@ -56,9 +56,9 @@ class SnapshotHolder:
         self._published_monotonic_s: float | None = time.monotonic() if initial is not None else None
         self._changed = threading.Condition(threading.Lock())
         self._waiters = 0
+        """Threads in :meth:`wait_for_cycle` (publish takes the lock to wake them only when there are)."""
         self._build_lock = threading.Lock()
         """Held by a reader while it builds an unbuilt cycle (never by the loop)."""
-        """Threads in :meth:`wait_for_cycle` (publish takes the lock to wake them only when there are)."""
 
     def publish(self, snapshot: Snapshot) -> None:
         """Make ``snapshot`` the latest (called by the loop once per cycle)."""
