@@ -96,6 +96,12 @@ def read_stat(pid: int, start_ticks: int | None = None) -> ProcStat:
         if e.errno in _GONE:
             raise Gone(pid) from None
         raise Denied(f"{pid}: {e.strerror}") from None
+    return _checked_stat(pid, data, start_ticks)
+
+
+def _checked_stat(pid: int, data: bytes, start_ticks: int | None) -> ProcStat:
+    """``data`` read from ``pid``'s ``stat``, parsed: :class:`Denied` where it is not that format,
+    :class:`Gone` where its start time is not ``start_ticks`` (the pid names another process)."""
     st = parse_stat(data)
     if st is None:
         raise Denied(f"{pid}: unexpected stat format")
@@ -104,11 +110,16 @@ def read_stat(pid: int, start_ticks: int | None = None) -> ProcStat:
     return st
 
 
+def _stat_fields(data: bytes) -> list[bytes]:
+    """The fields of a ``stat`` text after the command name, from the state on. ``pid (comm) S ppid
+    pgrp ...``: the command name is the program's own (any byte but NUL, spaces and parentheses
+    included), so the fields are counted from the last ``)``."""
+    return data[data.rfind(b")") + 2 :].split()
+
+
 def parse_stat(data: bytes) -> ProcStat | None:
-    """The fields of one ``stat`` text (None: not that format). ``pid (comm) S ppid pgrp ...``: the
-    command name is the program's own (any byte but NUL, spaces and parentheses included), so the
-    fields are counted from the last ``)``."""
-    fields = data[data.rfind(b")") + 2 :].split()
+    """The fields of one ``stat`` text (None: not that format; see :func:`_stat_fields`)."""
+    fields = _stat_fields(data)
     try:
         state = fields[0].decode("ascii", "replace")
         pgid, utime, stime, started = int(fields[2]), int(fields[11]), int(fields[12]), int(fields[19])
@@ -151,14 +162,13 @@ def _parse_io(data: bytes) -> tuple[int, int, int, int] | None:
 
 @dataclass(frozen=True, slots=True)
 class ProcIdentity:
-    """Who a pid is now, from one read of ``stat``: its parent and session (which may change), its
-    start time, and ``program`` - its command name and where its argument and environment blocks lie
+    """Who a pid is now, from one read of ``stat``: its parent (which may change), its start time,
+    and ``program`` - its command name and where its argument and environment blocks lie
     in its memory (new with every ``execve``: a different place on a randomised stack, a different
     size); all zero where the reader may not look into the process (another user's, without
     ``CAP_SYS_PTRACE``) or it has no memory (a zombie, a kernel thread)."""
 
     ppid: int
-    sid: int
     start_ticks: int
     program: tuple[bytes, int, int, int, int]
     kernel_thread: bool
@@ -180,8 +190,7 @@ def identity(pid: int) -> ProcIdentity | None:
         data = _read(f"{PROC}/{pid}/stat", MAX_STAT_BYTES)
     except OSError:
         return None
-    close = data.rfind(b")")
-    fields = data[close + 2 :].split()
+    fields = _stat_fields(data)
     try:
         blocks = (
             (int(fields[45]), int(fields[46]), int(fields[47]), int(fields[48]))
@@ -190,9 +199,8 @@ def identity(pid: int) -> ProcIdentity | None:
         )
         return ProcIdentity(
             int(fields[1]),
-            int(fields[3]),
             int(fields[19]),
-            (data[data.find(b"(") + 1 : close], *blocks),
+            (data[data.find(b"(") + 1 : data.rfind(b")")], *blocks),
             bool(int(fields[6]) & _PF_KTHREAD),
         )
     except (IndexError, ValueError):
@@ -252,13 +260,11 @@ class ProcFiles:
                 self.close()
                 raise Gone(self.pid) from None
             raise Denied(f"{self.pid}: {e.strerror}") from None
-        st = parse_stat(data)
-        if st is None:
-            raise Denied(f"{self.pid}: unexpected stat format")
-        if start_ticks is not None and st.start_ticks != start_ticks:
+        try:
+            return _checked_stat(self.pid, data, start_ticks)
+        except Gone:
             self.close()
-            raise Gone(self.pid)
-        return st
+            raise
 
     def io(self) -> tuple[int, int, int, int] | None:
         """As :func:`read_io`; a file that cannot be opened (another user's process) is tried again
