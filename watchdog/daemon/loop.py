@@ -482,29 +482,30 @@ class Daemon:
     ) -> Callable[[], Snapshot]:
         """What makes this cycle's snapshot: every value it holds taken now (none changes after: the
         objects taken are replaced, never changed, by later cycles), the GPU rows and the Snapshot made
-        by whoever calls it first (the loop, or a reader's thread). One partial, no dict, 10 times a
-        second; the fields are put together by :func:`_make_snapshot`."""
+        by whoever calls it first (the loop, or a reader's thread). One partial, 10 times a second; the
+        fields are put together by :func:`_make_snapshot` (by keyword: several are floats, and a swap
+        would pass every type check)."""
         stats = self.stats
         return partial(
             _make_snapshot,
             self,
-            self.mode,
-            self.cycle_no,
-            now,
-            self.config.daemon.period_s,
-            self._jobs,
-            self._sample_duration_s,
-            self._last_sample_time,
-            (stats.cycles, stats.missed, stats.failed, self.health.degraded_cycles),
-            action_counters,
-            self.observer.untrusted,
-            input_errors,
-            self._signal_status,
-            self.observer.fleet_facts,
-            self.node_health,
-            self._wall,
-            gpu_rows,
-            statuses,
+            mode=self.mode,
+            cycle_no=self.cycle_no,
+            now=now,
+            period_s=self.config.daemon.period_s,
+            jobs=self._jobs,
+            sample_duration_s=self._sample_duration_s,
+            last_sample_time=self._last_sample_time,
+            counts=(stats.cycles, stats.missed, stats.failed, self.health.degraded_cycles),
+            action_counters=action_counters,
+            untrusted=self.observer.untrusted,
+            input_errors=input_errors,
+            signal_status=self._signal_status,
+            fleet=self.observer.fleet_facts,
+            node_health=self.node_health,
+            wall=self._wall,
+            gpu_rows=gpu_rows,
+            statuses=statuses,
         )
 
     def _node_facts(self, now: float) -> None:
@@ -569,6 +570,7 @@ class Daemon:
 
 def _make_snapshot(
     daemon: Daemon,
+    *,
     mode: Mode,
     cycle_no: int,
     now: float,
