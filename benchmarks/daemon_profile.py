@@ -8,7 +8,8 @@ each thread's CPU from ``/proc/self/task`` over the window::
 Run it in a PID namespace of its own, as the bench runs its daemon (``unshare --fork --pid
 --mount-proc --kill-child``): the environment scans then see the job's processes, not the machine's.
 Nothing reads the snapshots (as in the bench), so the loop publishes them unbuilt. A profile of the
-same shape as issue 30 asks (a 10-minute run): pass 600.
+same shape as issue 30 asks (a 10-minute run): pass 600. ``PROFILE_EXTRA=1`` times more parts (the
+cycle's small per-tick ones, every private method of the Observer and the Detector).
 """
 
 from __future__ import annotations
@@ -64,6 +65,36 @@ def _timed(parts: dict[str, list[float]], cls: type, name: str) -> None:
     setattr(cls, name, wrapper)
 
 
+def _extra_parts() -> list[tuple[type, str]]:
+    """With ``PROFILE_EXTRA=1``: the cycle's small per-tick parts and every private method of the
+    Observer and the Detector, timed too (each wrapper adds ~1-2 us a call: tiny parts look larger)."""
+    if not os.environ.get("PROFILE_EXTRA"):
+        return []
+    from gpu_triage.daemon.health import HealthBook
+    from gpu_triage.daemon.loop import Daemon
+    from gpu_triage.daemon.observe import Observer, SignalSet
+    from gpu_triage.daemon.record import Recorder
+    from gpu_triage.journal.eventstore import EventStore
+    from gpu_triage.model.clock import Timeline
+    from gpu_triage.serving.control import QueuedControl
+    from gpu_triage.serving.publish import SnapshotHolder
+    from gpu_triage.signals.health.monitor import HealthMonitor
+    from gpu_triage.verdicts.detector import Detector
+
+    out: list[tuple[type, str]] = [
+        (Daemon, "_tick"), (Daemon, "_snapshot_maker"), (SignalSet, "node_facts"),
+        (HealthMonitor, "sample"), (Timeline, "check_step"), (QueuedControl, "drain"),
+        (Recorder, "persist_silences"), (Recorder, "persist_episode_state"),
+        (Recorder, "verdict_changes"), (HealthBook, "input_errors"), (SnapshotHolder, "publish_lazy"),
+        (EventStore, "maybe_reattach"), (EventStore, "maybe_prune"),
+    ]  # fmt: skip
+    for cls in (Observer, Detector):
+        for name, value in vars(cls).items():
+            if name.startswith("_") and not name.startswith("__") and callable(value):
+                out.append((cls, name))
+    return out
+
+
 def main(window_s: float) -> None:
     from gpu_triage.actions.engine import ActionEngine
     from gpu_triage.classify.tracker import GpuTracker
@@ -82,7 +113,7 @@ def main(window_s: float) -> None:
         (GpuTracker, "update"), (GpuTracker, "status_inputs"), (Observer, "observe"),
         (ProcessInspector, "inspect"), (ProcessInspector, "_discover"), (ProcessInspector, "_measure"),
         (ProgressReader, "read"), (Detector, "update"), (SignalSet, "contribute"), (SignalSet, "status"),
-        (ActionEngine, "on_cycle"),
+        (ActionEngine, "on_cycle"), *_extra_parts(),
     ]:  # fmt: skip
         _timed(parts, cls, name)
     with socket.socket() as s:
