@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from gpu_triage.daemon.record import DETECTOR_KEY, PROGRESS_KEY, Recorder
+from gpu_triage.journal import kv_mirror
 from gpu_triage.journal.eventstore import DB_NAME, SCHEMA_VERSION, EventStore, StoreError
+from gpu_triage.journal.kv_mirror import KvMirror
+from gpu_triage.model.clock import Timeline
+from gpu_triage.signals.progress_model import StepTracker
+from gpu_triage.verdicts.detector import Detector
 
 T0 = 1_764_681_000.0
 DAY_S = 86400.0
@@ -242,3 +248,33 @@ def test_a_newer_schema_is_moved_aside_not_misread(tmp_path: Path) -> None:
         [event] = s.since(0)
         assert "newer" in event.payload["reason"]
         assert ".newer-schema-" in event.payload["moved_to"]
+
+
+def test_kv_set_many_stores_every_key_with_one_mirror_write(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[Path] = []
+    real = kv_mirror.write_atomic
+    monkeypatch.setattr(kv_mirror, "write_atomic", lambda path, data: (writes.append(path), real(path, data)))
+    store.kv_set_many({"a": {"x": 1}, "b": [2, 3]}, T0)
+    assert (store.kv_get("a"), store.kv_get("b")) == ({"x": 1}, [2, 3])
+    assert len(writes) == 1  # the temp file, fsync and rename once for the batch
+    assert set(KvMirror(store.state_dir).read()) == {"a", "b"}
+    with pytest.raises(ValueError):  # one value that cannot be stored: none of the batch is
+        store.kv_set_many({"a": {"x": 9}, "c": float("nan")}, T0 + 1)
+    assert (store.kv_get("a"), store.kv_get("c")) == ({"x": 1}, None)
+
+
+def test_the_episodes_in_progress_are_saved_with_one_mirror_write(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the daemon saves its step marks and its job memories every few seconds while steps move: both
+    # in one transaction and one rewrite of the kv mirror (temp file, fsync, rename), not one each
+    writes: list[Path] = []
+    real = kv_mirror.write_atomic
+    monkeypatch.setattr(kv_mirror, "write_atomic", lambda path, data: (writes.append(path), real(path, data)))
+    recorder = Recorder(Timeline(anchor_s=T0))
+    recorder.store = store
+    recorder.persist_episode_state(T0, StepTracker(), Detector())
+    assert len(writes) == 1
+    assert store.kv_get(PROGRESS_KEY)["value"] == [] and store.kv_get(DETECTOR_KEY)["value"] == {}

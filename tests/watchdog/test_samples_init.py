@@ -1,5 +1,6 @@
 """The quick ``__init__`` (model/samples.quick_init, issue 30) of the values the daemon builds 16 at a
-time - GpuSample, GpuStatus, RankProcess - against the one dataclasses writes: the same parameters,
+time - GpuSample, GpuStatus, RankProcess, and once a rank (or GPU) every process period RankProgress,
+ProgressClaim, RankView, GpuView, RankStatus, RankFacts - against the one dataclasses writes: the same parameters,
 order, defaults and refusals; the instances still frozen."""
 
 from __future__ import annotations
@@ -12,10 +13,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_triage.model.samples import GpuSample, quick_init
-from gpu_triage.model.snapshot import GpuStatus
-from gpu_triage.signals.ranks import RankProcess
+from gpu_triage.model.snapshot import GpuStatus, RankStatus
+from gpu_triage.signals.fleet.facts import RankFacts
+from gpu_triage.signals.progress_model import RankProgress
+from gpu_triage.signals.ranks import ProgressClaim, RankProcess
+from gpu_triage.verdicts.views import GpuView, RankView
 
-QUICK = (GpuSample, GpuStatus, RankProcess)
+QUICK = (
+    GpuSample,
+    GpuStatus,
+    RankProcess,
+    RankProgress,
+    ProgressClaim,
+    RankView,
+    GpuView,
+    RankStatus,
+    RankFacts,
+)
 
 
 def reference(cls: type) -> type:
@@ -48,7 +62,9 @@ def test_the_quick_init_takes_what_the_generated_one_takes(cls: type, data: st.D
 @pytest.mark.parametrize("cls", QUICK)
 def test_the_quick_init_refuses_what_the_generated_one_refuses(cls: type) -> None:
     n = len(dataclasses.fields(cls))
-    for args, kwargs in [((1,), {}), ((), {}), ((*range(n),), {"nope": 1}), ((*range(n + 1),), {})]:
+    required = sum(f.default is dataclasses.MISSING for f in dataclasses.fields(cls))
+    too_few = [(tuple(range(k)), {}) for k in range(required)]
+    for args, kwargs in [*too_few, ((*range(n),), {"nope": 1}), ((*range(n + 1),), {})]:
         for made in (cls, REFERENCES[cls]):
             with pytest.raises(TypeError):
                 made(*args, **kwargs)
@@ -80,3 +96,10 @@ def test_quick_init_takes_plain_fields_only() -> None:
     for cls in (WithFactory, WithPostInit):
         with pytest.raises(TypeError, match="quick_init"):
             quick_init(cls)
+
+
+@pytest.mark.parametrize("cls", QUICK)
+def test_the_values_built_every_period_have_the_quick_init(cls: type) -> None:
+    # the generated __init__ looks object.__setattr__ up for every field; quick_init's sets each
+    # slot through its bound setter (_set0, _set1...): the per-rank values must keep the quick one
+    assert "_set0" in cls.__init__.__code__.co_names, f"{cls.__name__} lost its quick __init__"

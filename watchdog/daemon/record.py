@@ -246,12 +246,13 @@ class Recorder:
             return
         boot = self.boot_id
         try:
-            self.store.kv_set(
-                PROGRESS_KEY,
-                {"boot_id": boot, "saved_at": now, "value": marks.export()},
+            self.store.kv_set_many(  # one transaction, one rewrite of the kv mirror (fsync) for both
+                {
+                    PROGRESS_KEY: {"boot_id": boot, "saved_at": now, "value": marks.export()},
+                    DETECTOR_KEY: {"boot_id": boot, "saved_at": now, "value": exported},
+                },
                 now,
             )
-            self.store.kv_set(DETECTOR_KEY, {"boot_id": boot, "saved_at": now, "value": exported}, now)
         except StoreError as e:
             log.warning("could not persist the episodes in progress: %s", e)
             return

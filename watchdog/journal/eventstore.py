@@ -53,6 +53,11 @@ from gpu_triage.model.names import printable
 
 log = logging.getLogger(__name__)
 
+_KV_UPSERT = (
+    "INSERT INTO kv (key, value, updated_s) VALUES (?, ?, ?) "
+    "ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_s = excluded.updated_s"
+)
+
 MEMORY_MAX_BYTES = 32 << 20
 """Retention size limit while the store is on memory only (full disk at start)."""
 
@@ -698,12 +703,27 @@ class EventStore:
     def kv_set(self, key: str, value: Any, now_s: float) -> None:
         """Store a JSON-serialisable ``value`` under ``key`` (replacing), and rewrite the kv mirror
         file (:mod:`gpu_triage.journal.kv_mirror`). Raises StoreError."""
+        self.kv_set_many({key: value}, now_s)
+
+    def kv_set_many(self, items: Mapping[str, Any], now_s: float) -> None:
+        """:meth:`kv_set` of several keys in one transaction (all stored or none) and one rewrite of
+        the kv mirror: the mirror's temp file, fsync and rename are paid once, not once a key (the
+        daemon saves its step marks and job memories together every few seconds). Raises StoreError."""
+        rows = [(key, _dumps({"v": value}), now_s) for key, value in items.items()]
         with self._lock:
-            self._write(
-                "INSERT INTO kv (key, value, updated_s) VALUES (?, ?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_s = excluded.updated_s",
-                (key, _dumps({"v": value}), now_s),
-            )
+            if len(rows) == 1:  # one statement is its own transaction
+                self._write(_KV_UPSERT, rows[0])
+            else:
+                try:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    try:
+                        self._db.executemany(_KV_UPSERT, rows)
+                        self._db.execute("COMMIT")
+                    except BaseException:
+                        self._db.execute("ROLLBACK")
+                        raise
+                except sqlite3.Error as e:
+                    raise StoreError(f"event store write failed: {e}") from e
             self._mirror_kv()
 
     def kv_get(self, key: str, default: Any = None) -> Any:

@@ -44,6 +44,7 @@ class GpuStatus:
     """NVML's ``busId`` (``00000000:1B:00.0``), as dcgm-exporter's ``pci_bus_id`` label."""
 
 
+@quick_init  # built once a rank (or a GPU) every process period
 @dataclass(frozen=True, slots=True)
 class RankStatus:
     rank: int

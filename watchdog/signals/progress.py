@@ -135,6 +135,11 @@ def _bounded(errors: list[FileError], limit: int = 64) -> list[FileError]:
     return [*errors[:limit], FileError(Path("..."), f"{len(errors) - limit} more errors not listed")]
 
 
+_job_name_problem = functools.lru_cache(maxsize=MAX_JOB_DIRS)(job_name_problem)
+""":func:`~gpu_triage.model.names.job_name_problem` of the job directories' names (pure; the same few
+names every cycle, each checked character by character)."""
+
+
 @functools.lru_cache(maxsize=MAX_FILES_PER_JOB)  # the same few names every cycle
 def _rank_of(name: str) -> int | str | None:
     """The rank a ``rank-<n>.json`` name is for; None for other names (writers' temp files); a string
@@ -342,7 +347,7 @@ class ProgressReader:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                problem = job_name_problem(entry.name)
+                problem = _job_name_problem(entry.name)
                 if problem is not None:
                     bad += 1
                     errors.append(FileError(Path(entry.path), f"not a job directory: {problem}"))

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpu_triage.contract import FIELDS, LEASE_SCOPES, MAX_FILE_BYTES, PHASES, STALE_AFTER_S
 from gpu_triage.model.names import job_name_problem, printable
+from gpu_triage.model.samples import quick_init
 
 MAX_DEPTH = 4
 """Nesting of JSON arrays/objects a progress file may have (the contract's record is flat: depth 1)."""
@@ -321,6 +322,7 @@ class StepTracker:
 # ------------------------------------------------------------------------------------------- view
 
 
+@quick_init  # built once a rank (or a GPU) every process period
 @dataclass(frozen=True, slots=True)
 class RankProgress:
     record: ProgressRecord

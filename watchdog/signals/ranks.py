@@ -156,6 +156,7 @@ class Candidate:
     """Its session (the launcher's process tree where no cgroup names the job)."""
 
 
+@quick_init  # built once a rank (or a GPU) every process period
 @dataclass(frozen=True, slots=True)
 class ProgressClaim:
     """What a progress file says about its process: rank ``rank`` of ``job`` is ``pid``."""

@@ -109,9 +109,11 @@ def job_facts(
     writes = memory.recent(now, mem.writes, cfg.write_window_s)
     reads = memory.recent(now, mem.reads, cfg.write_window_s)
     train = [r for r in job.ranks if r.phase == "train" and r.step is not None]
-    leased = [r for r in job.ranks if r.phase in LEASED_PHASES and r.lease_until is not None]
-    live = [r for r in leased if now <= (r.lease_until or 0.0) + cfg.lease_grace_s]
-    expired = [r for r in leased if r not in live]
+    live: list[RankView] = []
+    expired: list[RankView] = []
+    for r in job.ranks:  # leased ranks, split by their lease (one pass: no rank compared to another)
+        if r.phase in LEASED_PHASES and r.lease_until is not None:
+            (live if now <= r.lease_until + cfg.lease_grace_s else expired).append(r)
     stopped = [r for r in job.ranks if r.status in STOPPED_STATUSES]
     dstate = [r for r in job.ranks if r.status == "disk-sleep"]
     actives = [r.active_since() for r in train]

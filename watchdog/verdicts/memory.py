@@ -80,8 +80,9 @@ def learn(now: float, job: JobView, mem: JobMemory, write_window_s: float) -> No
                 kind = FirstStep.AFTER_START if r.previous_phase == "init" else FirstStep.AFTER_LEASE
                 mem.timing.observe_first_step(kind, at - since_train)
         rm.step, rm.step_at = r.step, at
+    stepped_ranks = {s.rank for s in stepped}
     for r in job.ranks:
-        if r.rank not in {s.rank for s in stepped}:
+        if r.rank not in stepped_ranks:
             mem.ranks.pop(r.rank, None)
     written = sum(r.write_bytes_delta or 0.0 for r in job.ranks)
     read = sum(r.read_bytes_delta or 0.0 for r in job.ranks)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_triage.model.samples import quick_init
 from gpu_triage.model.states import GpuState
 from gpu_triage.signals.fleet.remote import RemoteFacts
 from gpu_triage.signals.nccl_ras.ras_facts import RasFacts
@@ -13,6 +14,7 @@ from gpu_triage.signals.stacks.dumps import StackSummary
 from gpu_triage.verdicts.step_timing import FirstStep
 
 
+@quick_init  # built once a rank (or a GPU) every process period
 @dataclass(frozen=True, slots=True)
 class GpuView:
     gpu: int
@@ -24,6 +26,7 @@ class GpuView:
     """False when utilisation is unreadable (MIG, vGPU): the state came from power alone."""
 
 
+@quick_init  # built once a rank (or a GPU) every process period
 @dataclass(frozen=True, slots=True)
 class RankView:
     rank: int

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpu_triage.model.samples import quick_init
 from gpu_triage.model.states import GpuState
 from gpu_triage.signals.stacks.dumps import StackSummary, group_key
 
@@ -61,6 +62,7 @@ class GpuLike(Protocol):
     def state_since(self) -> float | None: ...
 
 
+@quick_init  # built once a rank (or a GPU) every process period
 @dataclass(frozen=True, slots=True)
 class RankFacts:
     """What one node knows about one of its ranks."""
