@@ -226,3 +226,41 @@ def test_past_the_files_it_may_keep_open_a_rank_is_read_afresh(
     procs[0].wait()
     assert [r.alive for r in inspector.inspect(T0 + 2).jobs[job]] == [False, True]
     inspector.close()
+
+
+def test_a_polled_round_asks_the_kernel_only_about_the_pids_that_exited(
+    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The progress reader asks about every file's pid every period: one epoll_wait over the held
+    pidfds per round, a signal only for a pid whose process exited - and the answers stay
+    pid_exists's: a zombie still exists, a reaped process does not."""
+    sent: list[int] = []
+    real_send = procfs.signal.pidfd_send_signal
+    monkeypatch.setattr(
+        procfs.signal, "pidfd_send_signal", lambda fd, sig: (sent.append(fd), real_send(fd, sig))[1]
+    )
+    procs = [spawn([sys.executable, "-c", SLEEP], {}) for _ in range(3)]
+    check = procfs.PidCheck()
+    assert all(check(p.pid) for p in procs) and check.fresh_checks == 3
+    check.retain({p.pid for p in procs})
+    for _ in range(3):  # steady rounds: no signal at all
+        check.poll()
+        assert all(check(p.pid) for p in procs)
+        check.retain({p.pid for p in procs})
+    assert sent == [] and check.signal_checks == 0
+    procs[0].kill()  # exits, not reaped yet: a zombie, which still exists
+    wait_for(lambda: _state(procs[0].pid) == "Z")
+    check.poll()
+    assert [check(p.pid) for p in procs] == [True, True, True] and len(sent) == 1
+    check.retain({p.pid for p in procs})
+    procs[0].wait()  # reaped
+    check.poll()
+    assert [check(p.pid) for p in procs] == [False, True, True] and len(sent) == 2
+    check.retain({p.pid for p in procs[1:]})
+    check.close()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rfind(b")") + 2 :].split()[0].decode()

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
-from typing import Any, cast
+from typing import Any
 
 from gpu_triage.classify.tracker import GpuTracker
 from gpu_triage.daemon.config import Config
@@ -107,8 +107,9 @@ class SignalSet:
                     self.slow[kind.name] = took
                 else:
                     self.slow.pop(kind.name, None)
-            wrong = sorted({key for c in got.values() for key in c} - SIGNAL_FIELDS)
-            if wrong:  # a bug in that signal: its facts are dropped, never half-applied
+            keys = {key for c in got.values() for key in c}
+            if not keys <= SIGNAL_FIELDS:  # a bug in that signal: its facts are dropped, never half-applied
+                wrong = sorted(keys - SIGNAL_FIELDS)
                 errors[kind.name] = f"contributed {wrong}: not facts a signal may set on a job"
                 if self.errors.get(kind.name) != errors[kind.name]:
                     log.error("signal %s %s", kind.name, errors[kind.name])
@@ -269,9 +270,7 @@ class Observer:
             progress_jobs, pview.jobs, untrusted=pview.untrusted, untrusted_files=untrusted_files
         )
         self.untrusted = tuple([*untrusted_files, *(u.to_dict() for u in pview.untrusted)])
-        jobs = self._with_signals(now, jobs, verdicts)
-        if signalled is not None:  # ranks the kill ladder signalled read `killed`, never a new stall
-            jobs = [replace(j, signalled_pids=signalled(j.job, now)) for j in jobs]
+        jobs = self._with_signals(now, jobs, verdicts, signalled)
         gviews = [
             GpuView(
                 g.gpu,
@@ -285,8 +284,15 @@ class Observer:
         return gviews, jobs
 
     def _with_signals(
-        self, now: float, jobs: list[JobView], verdicts: Mapping[str, Verdict]
+        self,
+        now: float,
+        jobs: list[JobView],
+        verdicts: Mapping[str, Verdict],
+        signalled: Signalled | None = None,
     ) -> list[JobView]:
+        """Each job with what the signals contribute and, when armed (``signalled``), the ranks the
+        kill ladder signalled (they read ``killed``, never a new stall); a job they change nothing
+        of is kept as it is (no copy every process period)."""
         procs = self.processes
         sights = []
         for j in jobs:
@@ -309,7 +315,15 @@ class Observer:
                 )
             )
         facts = self.signals.contribute(now, sights)
-        return [with_facts(j, facts.get(j.job, {})) for j in jobs]
+        out = []
+        for j in jobs:
+            changes = _changed(j, facts.get(j.job, {}))
+            if signalled is not None:
+                pids = signalled(j.job, now)
+                if pids != j.signalled_pids:
+                    changes["signalled_pids"] = pids
+            out.append(replace(j, **changes) if changes else j)
+        return out
 
     def export_facts(
         self,
@@ -334,9 +348,10 @@ SIGNAL_FIELDS = frozenset(f.name for f in fields(JobView)) - {
 the kill ladder's record."""
 
 
-def with_facts(view: JobView, facts: Mapping[str, object]) -> JobView:
-    """``view`` with the signals' facts (SignalSet.contribute kept only SIGNAL_FIELDS)."""
-    return replace(view, **cast(dict[str, Any], facts)) if facts else view
+def _changed(view: JobView, facts: Mapping[str, object]) -> dict[str, Any]:
+    """The signals' facts (SignalSet.contribute kept only SIGNAL_FIELDS) that are not already
+    ``view``'s (the same object: nothing to copy)."""
+    return {name: value for name, value in facts.items() if getattr(view, name) is not value}
 
 
 def progress_claims(view: ProgressView, host: str) -> list[ProgressClaim]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import signal
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -337,17 +338,58 @@ class PidCheck:
     pid said to exist keeps a pidfd, and the next answers are one ``pidfd_send_signal(fd, 0)`` - no
     file read, no parsing - until that process is reaped (``ESRCH``: the pid is asked about afresh,
     it may name another process by now). A zombie still exists, as for psutil. At most
-    :attr:`max_fds` pidfds; :meth:`retain` closes those of pids no longer asked about."""
+    :attr:`max_fds` pidfds; :meth:`retain` closes those of pids no longer asked about.
+
+    A round of questions (the reader's files of one period) that starts with :meth:`poll` costs one
+    system call for all the pids held: every pidfd is watched in one epoll set, and a pidfd becomes
+    readable when its process exits - a pid whose pidfd is not readable still exists, no signal
+    sent; one whose pidfd is (exited: a zombie, or reaped) is asked as above. :meth:`retain` ends the
+    round (without :meth:`poll`, every answer is asked as above)."""
 
     def __init__(self, max_fds: int = 256) -> None:
         self.max_fds = max_fds
         self._fds: dict[int, int] = {}
         self.fresh_checks = 0
         """Answers that needed :func:`pid_exists` (a pid not held, or its process gone)."""
+        self.signal_checks = 0
+        """Answers that needed a ``pidfd_send_signal`` (no :meth:`poll` this round, or it exited)."""
+        self._watch: select.epoll | None = None
+        """The epoll set every held pidfd is in (None: not made yet, or given up)."""
+        self._watch_failed = False
+        self._exited: set[int] | None = None
+        """The pidfds readable at this round's :meth:`poll` (None: no poll this round)."""
+
+    def poll(self) -> None:
+        """Start a round: one ``epoll_wait`` (no wait) tells which held pidfds' processes exited."""
+        self._exited = None
+        if self._watch is None or not self._fds:
+            return
+        try:
+            self._exited = {fd for fd, _ in self._watch.poll(0, len(self._fds))}
+        except OSError:
+            self._exited = None
+
+    def _watched(self, fd: int) -> None:
+        """Put a new pidfd in the epoll set; where that fails, no round is polled any more (every
+        answer then asks the kernel, as without :meth:`poll`)."""
+        if self._watch_failed:
+            return
+        try:
+            if self._watch is None:
+                self._watch = select.epoll()
+            self._watch.register(fd, select.EPOLLIN)
+        except (AttributeError, OSError, ValueError):
+            self._watch_failed = True
+            if self._watch is not None:
+                self._watch.close()
+            self._watch = None
 
     def __call__(self, pid: int) -> bool:
         fd = self._fds.get(pid)
         if fd is not None:
+            if self._exited is not None and fd not in self._exited:
+                return True  # its process has not exited (this round's poll)
+            self.signal_checks += 1
             try:
                 signal.pidfd_send_signal(fd, 0)
                 return True
@@ -361,16 +403,22 @@ class PidCheck:
         if exists and pid > 0 and AVAILABLE and len(self._fds) < self.max_fds:
             # no pidfds here (Linux < 5.3), or gone meanwhile: asked afresh next time
             with contextlib.suppress(AttributeError, OSError):
-                self._fds[pid] = os.pidfd_open(pid)
+                self._fds[pid] = fd = os.pidfd_open(pid)
+                self._watched(fd)
         return exists
 
     def retain(self, pids: Collection[int]) -> None:
-        """Close the pidfds of every pid not in ``pids``."""
+        """End the round: close the pidfds of every pid not in ``pids`` (a closed descriptor leaves
+        the epoll set by itself)."""
+        self._exited = None
         for pid in [p for p in self._fds if p not in pids]:
             os.close(self._fds.pop(pid))
 
     def close(self) -> None:
         self.retain(())
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
     def __del__(self) -> None:
         self.close()

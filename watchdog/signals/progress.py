@@ -28,7 +28,7 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gpu_triage.contract import MAX_FILE_BYTES, STALE_AFTER_S
 from gpu_triage.model.clock import wall_to_timeline
@@ -125,6 +125,8 @@ class _Cached:
     """The owner of the file ``record`` was read from (kept when a tampered path keeps its record)."""
     dir_name: str = ""
     """Its job directory's name."""
+    path: Path | None = None
+    """The file's path, made once (the cache is keyed by the path's text, not hashed as a Path)."""
 
 
 def _bounded(errors: list[FileError], limit: int = 64) -> list[FileError]:
@@ -178,13 +180,13 @@ class ProgressReader:
             self._pid_check = pid_exists = procfs.PidCheck()
         self._pid_exists = pid_exists
         self.host = socket.gethostname() if host is None else host
-        self._cache: dict[Path, _Cached] = {}
+        self._cache: dict[str, _Cached] = {}
+        """Each rank file's path (text) -> what was read from it, while its (mtime, size, ino) stay."""
         self.tracker = StepTracker()
         self.reads_total = 0
         """Files actually opened and parsed (not served from the cache)."""
         self._logged: set[tuple[str, str]] = set()
         self._live_dirs: set[str] = set()
-        self._cache_paths: dict[str, Path] = {}
         self.priority: frozenset[str] = frozenset()
         """Job directory names read first (the daemon sets: jobs with live proven ranks)."""
         self._now_s = self._wall_s = 0.0
@@ -208,13 +210,15 @@ class ProgressReader:
 
         seen = self._scan(job_dirs, errors)
         self._cache = seen
-        self._cache_paths = {str(p): p for p in seen}
         jobs: dict[str, tuple[dict[int, RankProgress], dict[int, RankProgress]]] = {}
         keep: list[tuple[str, int]] = []
         untrusted: list[UntrustedFile] = []
         live_dirs: set[str] = set()
         exists: dict[int, bool] = {}  # one /proc lookup per pid per cycle, however many files name it
-        for path, cached in sorted(seen.items(), key=lambda kv: str(kv[0])):
+        if self._pid_check is not None:
+            self._pid_check.poll()  # one system call for every pid it holds (procfs.PidCheck)
+        for _, cached in sorted(seen.items()):  # by path (each path once: no _Cached compared)
+            path = cast(Path, cached.path)
             if cached.record is None:
                 errors.append(FileError(path, cached.error or "unreadable"))
                 continue
@@ -275,10 +279,10 @@ class ProgressReader:
 
     def _scan(
         self, job_dirs: list[tuple[os.DirEntry[str], int]], errors: list[FileError]
-    ) -> dict[Path, _Cached]:
+    ) -> dict[str, _Cached]:
         """Each job directory's rank files, (re)read where they changed, within the per-job and
         per-owner caps; what cannot be read becomes an error entry."""
-        seen: dict[Path, _Cached] = {}
+        seen: dict[str, _Cached] = {}
         entries_used: dict[int, int] = {}
         files_used: dict[int, int] = {}
         for job_dir, dir_uid in job_dirs:
@@ -305,25 +309,28 @@ class ProgressReader:
                 rank = _rank_of(entry.name)
                 if rank is None:
                     continue  # temp files of writers, anything else
-                old = self._cache_paths.get(entry.path)
-                path = old if old is not None else Path(entry.path)
                 if isinstance(rank, str):
-                    errors.append(FileError(path, rank))
+                    errors.append(FileError(Path(entry.path), rank))
                     continue
-                if files_used.get(dir_uid, 0) >= MAX_FILES_PER_OWNER:
+                used = files_used.get(dir_uid, 0)
+                if used >= MAX_FILES_PER_OWNER:
                     errors.append(
                         FileError(
-                            path, f"more than {MAX_FILES_PER_OWNER} rank files of uid {dir_uid}, not read"
+                            Path(entry.path),
+                            f"more than {MAX_FILES_PER_OWNER} rank files of uid {dir_uid}, not read",
                         )
                     )
                     break
-                files_used[dir_uid] = files_used.get(dir_uid, 0) + 1
+                files_used[dir_uid] = used + 1
+                old = self._cache.get(entry.path)
                 try:
-                    cached = self._load(path, entry, job_dir.name, rank, dir_uid)
+                    cached = self._load(old, entry, job_dir.name, rank, dir_uid)
                 except Exception as e:  # one file never blinds the others (bug or hostile bytes)
                     cached = _Cached((0, 0, 0), None, f"unreadable: {type(e).__name__}: {e}"[:300])
+                if cached.path is None:
+                    cached.path = old.path if old is not None and old.path is not None else Path(entry.path)
                 cached.dir_uid, cached.dir_name = dir_uid, job_dir.name
-                seen[path] = cached
+                seen[entry.path] = cached
         return seen
 
     def _job_dirs(self, errors: list[FileError]) -> list[tuple[os.DirEntry[str], int]]:
@@ -382,13 +389,16 @@ class ProgressReader:
             log.warning("progress file %s ignored: %s", printable(path), printable(error))
         self._logged = current
 
-    def _load(self, path: Path, entry: os.DirEntry[str], job: str, rank: int, dir_uid: int) -> _Cached:
+    def _load(
+        self, cached: _Cached | None, entry: os.DirEntry[str], job: str, rank: int, dir_uid: int
+    ) -> _Cached:
+        """What ``entry`` holds now: ``cached`` (what was read from its path last time) while its
+        (mtime, size, inode) and owner stay, else read again."""
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError as e:
             return _Cached((0, 0, 0), None, str(e))
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
-        cached = self._cache.get(path)
         if cached is not None and cached.key == key and cached.uid == st.st_uid:
             return cached
         if (
@@ -411,7 +421,7 @@ class ProgressReader:
                 record_uid=cached.record_uid,
                 raw=cached.raw,
             )
-        loaded = self._parse(path, st, key, job, rank)
+        loaded = self._parse(entry.path, st, key, job, rank)
         loaded.uid = st.st_uid
         loaded.record_uid = st.st_uid if loaded.record is not None else None
         if loaded.record is not None:
@@ -445,7 +455,7 @@ class ProgressReader:
         )
 
     def _parse(
-        self, path: Path, st: os.stat_result, key: tuple[int, int, int], job: str, rank: int
+        self, path: str | Path, st: os.stat_result, key: tuple[int, int, int], job: str, rank: int
     ) -> _Cached:
         if not stat.S_ISREG(st.st_mode):
             return _Cached(key, None, "not a regular file (symlinks are refused)")

@@ -263,7 +263,7 @@ class StepTracker:
                 mark = replace(
                     mark, phase=record.phase, phase_since_s=record.phase_since(), previous_phase=mark.phase
                 )
-        if mark != before or self._pids.get(key) != record.pid:
+        if (mark is not before and mark != before) or self._pids.get(key) != record.pid:
             self.version += 1
         self._marks[key] = mark
         self._pids[key] = record.pid
