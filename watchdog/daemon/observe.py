@@ -311,7 +311,7 @@ class Observer:
                     ),
                     has_progress=j.has_progress,
                     suspect=prev is not None and prev not in _CALM,
-                    gpus=frozenset(r.gpu for r in j.ranks if r.gpu is not None),
+                    gpus=frozenset({r.gpu for r in j.ranks if r.gpu is not None}),
                 )
             )
         facts = self.signals.contribute(now, sights)

@@ -313,8 +313,8 @@ class ProcessInspector:
             for job, ranks in (progress_pids or {}).items()
             for rank, pid in ranks.items()
         ]
-        inputs = frozenset(p for pids in gpu_pids.values() for p in pids) | frozenset(
-            c.pid for c in all_claims
+        inputs = frozenset([p for pids in gpu_pids.values() for p in pids]) | frozenset(
+            [c.pid for c in all_claims]
         )
         due = self._last_discovery_s is None or now_s - self._last_discovery_s >= self.discovery_interval_s
         denied = 0
@@ -591,7 +591,7 @@ class ProcessInspector:
             if t.files is None:
                 t.files = procfs.ProcFiles.keep(t.proc.pid)
             if t.files is not None:
-                st, io = t.files.stat(t.start_ticks), t.files.io()
+                st, io = t.files.sample(t.start_ticks)
             else:  # no more files kept open (thousands of ranks, or no descriptor left): read afresh
                 st, io = procfs.read_stat(t.proc.pid, t.start_ticks), procfs.read_io(t.proc.pid)
         except procfs.Gone:
@@ -646,22 +646,24 @@ class ProcessInspector:
                 write_chars_delta=None, interval_s=None, gone_since_s=t.gone_since_s,
                 proof=c.proof, uid=c.uid, create_time=t.create_time, scope=c.scope,
             )  # fmt: skip
-        deltas: list[int | None] = [None, None, None, None]
+        rb = wb = rc = wc = None
         cpu_delta = interval = None
         if t.last is not None and cpu_s is not None:
             last_s, last_cpu, last_io = t.last
             interval = now_s - last_s
             cpu_delta = max(0.0, cpu_s - last_cpu)
-            if io is not None and last_io is not None:
-                deltas = [a - b if a > b else 0 for a, b in zip(io, last_io, strict=True)]
+            if io is not None and last_io is not None:  # each counter's growth (never below 0)
+                rb = io[0] - last_io[0] if io[0] > last_io[0] else 0
+                wb = io[1] - last_io[1] if io[1] > last_io[1] else 0
+                rc = io[2] - last_io[2] if io[2] > last_io[2] else 0
+                wc = io[3] - last_io[3] if io[3] > last_io[3] else 0
         if cpu_s is not None:
             t.last = (now_s, cpu_s, io)
         return RankProcess(
             c.job, c.pid, c.rank, c.local_rank, c.world_size, c.gpu, c.gpus, c.found_by,
             alive=True, status=t.status, pgid=t.pgid, cpu_time_s=cpu_s, cpu_time_delta_s=cpu_delta,
-            read_bytes_delta=deltas[0], write_bytes_delta=deltas[1], read_chars_delta=deltas[2],
-            write_chars_delta=deltas[3], interval_s=interval, proof=c.proof, uid=c.uid,
-            create_time=t.create_time, scope=c.scope,
+            read_bytes_delta=rb, write_bytes_delta=wb, read_chars_delta=rc, write_chars_delta=wc,
+            interval_s=interval, proof=c.proof, uid=c.uid, create_time=t.create_time, scope=c.scope,
         )  # fmt: skip
 
 

@@ -217,16 +217,18 @@ __all__ = ["Detector"]
 
 def _rank_statuses(job: JobView) -> tuple[RankStatus, ...]:
     return tuple(
-        RankStatus(
-            rank=r.rank,
-            pid=r.pid,
-            gpu=r.gpu,
-            step=r.step,
-            phase=r.phase,
-            lease_until=r.lease_until,
-            alive=r.alive,
-            process_status=r.status,
-            step_since=r.step_changed_at,
-        )
-        for r in job.ranks
+        [
+            RankStatus(
+                rank=r.rank,
+                pid=r.pid,
+                gpu=r.gpu,
+                step=r.step,
+                phase=r.phase,
+                lease_until=r.lease_until,
+                alive=r.alive,
+                process_status=r.status,
+                step_since=r.step_changed_at,
+            )
+            for r in job.ranks
+        ]
     )

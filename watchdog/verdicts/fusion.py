@@ -31,18 +31,19 @@ def _rank_view(rank: int, prog: RankProgress | None, proc: RankProcess | None, f
     cpu_ratio = None
     if proc is not None and proc.cpu_time_delta_s is not None and proc.interval_s:
         cpu_ratio = proc.cpu_time_delta_s / proc.interval_s
+    rec = prog.record if prog is not None else None  # its fields, not RankProgress's properties
     return RankView(
         rank=rank,
-        pid=proc.pid if proc is not None else (prog.record.pid if prog is not None else None),
+        pid=proc.pid if proc is not None else (rec.pid if rec is not None else None),
         gpu=proc.gpu if proc is not None else None,
         alive=proc.alive if proc is not None else None,
         status=proc.status if proc is not None else None,
         cpu_ratio=cpu_ratio,
         write_bytes_delta=(proc.write_bytes_delta if proc is not None and fresh_io else None),
         read_bytes_delta=(proc.read_bytes_delta if proc is not None and fresh_io else None),
-        step=prog.step if prog is not None else None,
-        phase=prog.phase if prog is not None else None,
-        lease_until=prog.lease_until if prog is not None else None,
+        step=rec.step if rec is not None else None,
+        phase=rec.phase if rec is not None else None,
+        lease_until=rec.lease_until if rec is not None else None,
         step_changed_at=prog.step_since_s if prog is not None else None,
         phase_since=prog.phase_since_s if prog is not None else None,
         previous_phase=prog.previous_phase if prog is not None else None,

@@ -110,7 +110,7 @@ def job_findings(
 def job_evidence(job: JobView, f: JobFacts, d: Decision) -> JobEvidence:
     """What the detector records about the job (JSON only at the edge: ``JobStatus.evidence_dict``)."""
     return JobEvidence(
-        gpus=tuple(g.gpu for g in f.job_gpus),
+        gpus=tuple([g.gpu for g in f.job_gpus]),
         gpus_inferred=f.gpus_inferred,
         gpu_states={g.gpu: g.state for g in f.job_gpus},
         spin_band_since=f.spin_since,

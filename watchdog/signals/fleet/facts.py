@@ -179,7 +179,7 @@ def local_facts(
         kill_worthy=kill_worthy,
         writing=writing,
         reading=reading,
-        ranks=tuple(by_rank[r] for r in sorted(by_rank)),
+        ranks=tuple([by_rank[r] for r in sorted(by_rank)]),
     )
 
 
