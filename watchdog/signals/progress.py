@@ -262,8 +262,10 @@ class ProgressReader:
                 previous_phase=mark.previous_phase,
                 owner_uid=owner,
             )
-            live, stale = jobs.setdefault(record.job, ({}, {}))
-            (stale if reason else live)[record.rank] = view
+            pair = jobs.get(record.job)
+            if pair is None:  # (not setdefault: its two dicts would be made for every file)
+                pair = jobs[record.job] = ({}, {})
+            pair[1 if reason else 0][record.rank] = view
         self.tracker.forget(keep)
         if self._pid_check is not None:
             self._pid_check.retain(exists)

@@ -116,7 +116,10 @@ def job_facts(
             (live if now <= r.lease_until + cfg.lease_grace_s else expired).append(r)
     stopped = [r for r in job.ranks if r.status in STOPPED_STATUSES]
     dstate = [r for r in job.ranks if r.status == "disk-sleep"]
-    actives = [r.active_since() for r in train]
+    actives = [  # RankView.active_since() of each, inlined (max of the two that are known)
+        sc if ps is None else (ps if sc is None or ps > sc else sc)
+        for sc, ps in [(r.step_changed_at, r.phase_since) for r in train]
+    ]
     frozen_since = max(a for a in actives if a is not None) if train and None not in actives else None
     if stopped or dstate:
         mem.excused_at = now
