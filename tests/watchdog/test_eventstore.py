@@ -14,8 +14,11 @@ from gpu_triage.journal import kv_mirror
 from gpu_triage.journal.eventstore import DB_NAME, SCHEMA_VERSION, EventStore, StoreError
 from gpu_triage.journal.kv_mirror import KvMirror
 from gpu_triage.model.clock import Timeline
+from gpu_triage.model.states import Verdict
 from gpu_triage.signals.progress_model import StepTracker
 from gpu_triage.verdicts.detector import Detector
+from gpu_triage.verdicts.memory import JobMemory
+from gpu_triage.verdicts.step_timing import StepTiming
 
 T0 = 1_764_681_000.0
 DAY_S = 86400.0
@@ -278,3 +281,20 @@ def test_the_episodes_in_progress_are_saved_with_one_mirror_write(
     recorder.persist_episode_state(T0, StepTracker(), Detector())
     assert len(writes) == 1
     assert store.kv_get(PROGRESS_KEY)["value"] == [] and store.kv_get(DETECTOR_KEY)["value"] == {}
+
+
+def test_the_detectors_urgent_part_is_what_its_export_holds() -> None:
+    # persist_episode_state compares export_core() every period and saves export() when it changes:
+    # the two must agree on every job the export holds
+    detector = Detector()
+    assert detector.export_core() == {}
+    memory = JobMemory(StepTiming(detector.config.timing()))
+    memory.verdict, memory.onset, memory.raised, memory.hang_since = Verdict.DEADLOCK_SUSPECTED, 5.0, 6.0, 4.0
+    detector._jobs["j"] = memory
+    detector._jobs["unraised"] = JobMemory(StepTiming(detector.config.timing()))
+    exported = detector.export()
+    assert (
+        detector.export_core()
+        == {job: (e["verdict"], e["onset"], e["hang_since"]) for job, e in exported.items()}
+        == {"j": ("deadlock_suspected", 5.0, 4.0)}
+    )

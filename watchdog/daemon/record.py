@@ -53,6 +53,13 @@ class Memory(Protocol):
     def restore(self, value: Any) -> int: ...
 
 
+class JobMemories(Memory, Protocol):
+    """The detector's job memories: memory whose urgent part (verdicts, onsets, hang clocks) is
+    asked for alone every process period."""
+
+    def export_core(self) -> dict[str, tuple[str, float | None, float | None]]: ...
+
+
 class StepMarks(Memory, Protocol):
     """The progress files' step marks: memory with a version that moves when a mark does."""
 
@@ -226,13 +233,12 @@ class Recorder:
             log.info("continuing what the previous daemon saw: %s", ", ".join(restored))
             self.event("daemon", {"event": "episodes_restored", "restored": restored})
 
-    def persist_episode_state(self, now: float, marks: StepMarks, detector: Memory) -> None:
+    def persist_episode_state(self, now: float, marks: StepMarks, detector: JobMemories) -> None:
         """Mirror the step marks and the detector's job memories into the store: at once when a verdict,
         onset or hang clock changed, else at most every EPISODE_SAVE_EVERY_S while marks move."""
         if self.store is None:
             return
-        exported = detector.export()
-        core = {j: (e["verdict"], e["onset"], e["hang_since"]) for j, e in exported.items()}
+        core = detector.export_core()  # the whole export only when it is saved
         version = marks.version
         saved, at = self._episode_saved, self._episode_saved_at
         age = None if at is None else now - at
@@ -245,6 +251,7 @@ class Recorder:
         ):
             return
         boot = self.boot_id
+        exported = detector.export()
         try:
             self.store.kv_set_many(  # one transaction, one rewrite of the kv mirror (fsync) for both
                 {

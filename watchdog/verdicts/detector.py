@@ -71,7 +71,7 @@ from gpu_triage.verdicts.budgets import fast_budget_s
 from gpu_triage.verdicts.decision import decide
 from gpu_triage.verdicts.facts import job_facts
 from gpu_triage.verdicts.job_evidence import job_evidence, job_findings
-from gpu_triage.verdicts.memory import JobMemory, export_jobs, learn, restore_jobs
+from gpu_triage.verdicts.memory import JobMemory, export_core, export_jobs, learn, restore_jobs
 from gpu_triage.verdicts.settings import DetectorConfig
 from gpu_triage.verdicts.stall_rules import blind_reasons
 from gpu_triage.verdicts.step_timing import StepTiming
@@ -96,6 +96,11 @@ class Detector:
         in force, its onset and raise time, since when the hang evidence has held, the learned step
         interval. JSON values; times on the caller's timeline."""
         return export_jobs(self._jobs)
+
+    def export_core(self) -> dict[str, tuple[str, float | None, float | None]]:
+        """Each job's (verdict, onset, hang_since) as :meth:`export` has them: what the daemon saves
+        at once when it changes, asked every process period without building the whole export."""
+        return export_core(self._jobs)
 
     def restore(self, saved: Any) -> int:
         """Seed job memories from :meth:`export` of an earlier detector (a restarted daemon). A restored
@@ -196,7 +201,7 @@ class Detector:
         )
         if decision.verdict is not mem.verdict:
             mem.verdict, mem.onset, mem.raised = decision.verdict, decision.onset, now
-        evidence = dataclasses.replace(job_evidence(job, facts, decision), hardware=hw.findings)
+        evidence = job_evidence(job, facts, decision, hardware=hw.findings)
         ranks = _rank_statuses(job)
         return JobStatus(
             job=job.job,

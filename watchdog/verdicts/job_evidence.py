@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpu_triage.model.evidence import CannotJudge, Coverage, JobEvidence
 from gpu_triage.model.findings import Finding, Signal, context, hang, progress
+from gpu_triage.model.health import HardwareFinding
 from gpu_triage.signals.fleet.fusion import FleetEvidence, FleetState
 from gpu_triage.signals.stacks.config import StacksConfig
 from gpu_triage.signals.stacks.stack_facts import stack_findings, where
@@ -107,8 +108,12 @@ def job_findings(
     return out
 
 
-def job_evidence(job: JobView, f: JobFacts, d: Decision) -> JobEvidence:
-    """What the detector records about the job (JSON only at the edge: ``JobStatus.evidence_dict``)."""
+def job_evidence(
+    job: JobView, f: JobFacts, d: Decision, *, hardware: tuple[HardwareFinding, ...] = ()
+) -> JobEvidence:
+    """What the detector records about the job (JSON only at the edge: ``JobStatus.evidence_dict``);
+    ``hardware``: the node's hardware findings on the job's GPUs (:mod:`gpu_triage.verdicts.blame`),
+    built in (not a copy of the whole evidence every process period to add them)."""
     return JobEvidence(
         gpus=tuple([g.gpu for g in f.job_gpus]),
         gpus_inferred=f.gpus_inferred,
@@ -143,6 +148,7 @@ def job_evidence(job: JobView, f: JobFacts, d: Decision) -> JobEvidence:
             {r: str(s.info.phase) for r, s in f.stacks.summary.ranks.items()} if f.stacks is not None else {}
         ),
         fleet=f.fleet,
+        hardware=hardware,
     )
 
 

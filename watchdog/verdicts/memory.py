@@ -164,6 +164,16 @@ def export_jobs(jobs: dict[str, JobMemory]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def export_core(jobs: dict[str, JobMemory]) -> dict[str, tuple[str, float | None, float | None]]:
+    """Of :func:`export_jobs`, what is saved at once when it changes - each job's verdict, onset and
+    hang clock - without building the rest (asked every process period)."""
+    return {
+        name: (str(mem.verdict), mem.onset, mem.hang_since)
+        for name, mem in jobs.items()
+        if mem.raised is not None
+    }
+
+
 def restore_jobs(saved: Any, timing: TimingConfig, into: dict[str, JobMemory]) -> int:
     """Seed job memories from :func:`export_jobs` of an earlier detector into ``into``. A restored job
     continues where it was: a suspicion keeps its clock toward confirmation, a confirmed hang stays
