@@ -504,3 +504,25 @@ def test_a_stat_line_parses_whatever_the_command_name(comm: bytes, state: str, n
     assert got.cpu_time_s == utime / procfs.CLOCK_TICKS + stime / procfs.CLOCK_TICKS
     assert got.status == procfs.STATUSES.get(state, "?")
     assert procfs.parse_stat(b"4242 (" + comm + b")") is None  # cut short: not that format
+
+
+def test_ranks_are_listed_by_rank_between_discoveries_too(spawn: Spawn, job: str) -> None:
+    """The view lists a job's ranks by rank (unknown ranks last): the order is set at discovery and
+    kept by every measurement after it (no sort each period), whatever order the pids came in."""
+    procs = [spawn([sys.executable, "-c", SLEEP], rank_environ(job, r, 3)) for r in (2, 0, 1)]
+    for p in procs:
+        wait_for(lambda p=p: env_visible(p.pid, "RANK"))
+    inspector = ProcessInspector(discovery_interval_s=3600)
+    first = inspector.inspect(T0)
+    later = inspector.inspect(T0 + 1)
+    assert first.discovered and not later.discovered
+    for view in (first, later):
+        assert [r.rank for r in view.jobs[job]] == [0, 1, 2]
+    procs[1].kill()  # rank 0 exits: still listed (not alive) in its place until forgotten
+    procs[1].wait()
+    assert [(r.rank, r.alive) for r in inspector.inspect(T0 + 2).jobs[job]] == [
+        (0, False),
+        (1, True),
+        (2, True),
+    ]
+    inspector.close()

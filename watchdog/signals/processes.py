@@ -332,10 +332,7 @@ class ProcessInspector:
                 self._known.pop(pid, None)
                 continue
             jobs.setdefault(view.job, []).append(view)
-        ordered = {
-            job: tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid)))
-            for job, ranks in sorted(jobs.items())
-        }
+        ordered = {job: tuple(ranks) for job, ranks in sorted(jobs.items())}  # _tracked's order
         return ProcessView(now_s, ordered, discovered, denied, self._untrusted)
 
     def close(self) -> None:
@@ -459,7 +456,9 @@ class ProcessInspector:
                 tracked[pid] = old
             elif tracked.get(pid) is not old:
                 old.close()
-        self._tracked = tracked
+        # in the order the view lists ranks (by rank, unknown ranks last, then pid): each period's
+        # measurement keeps it, and needs no sort of its own
+        self._tracked = dict(sorted(tracked.items(), key=lambda kv: _rank_order(kv[1].cand)))
         if scan_environ:
             self._scanned = frozenset(infos)
         keep = self._scanned | set(infos) | set(tracked)
@@ -707,6 +706,11 @@ def _join_claims(
             proof=(*chosen.proof, "progress_file"),
         )
     return untrusted, renames, claimed_trees
+
+
+def _rank_order(c: Candidate) -> tuple[bool, int, int]:
+    """Where a rank is listed in its job: by rank, unknown ranks last, then by pid."""
+    return (c.rank is None, c.rank or 0, c.pid)
 
 
 def _pgid(pid: int) -> int | None:
