@@ -1,7 +1,7 @@
 """The quick ``__init__`` (model/samples.quick_init, issue 30) of the values the daemon builds 16 at a
 time - GpuSample, GpuStatus, RankProcess, and once a rank (or GPU) every process period RankProgress,
-ProgressClaim, RankView, GpuView, RankStatus, RankFacts - against the one dataclasses writes: the same parameters,
-order, defaults and refusals; the instances still frozen."""
+ProgressClaim, RankView, GpuView, RankStatus, RankFacts, Candidate at discoveries - against the one
+dataclasses writes: the same parameters, order, defaults and refusals; the instances still frozen."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from gpu_triage.model.samples import GpuSample, quick_init
 from gpu_triage.model.snapshot import GpuStatus, RankStatus
 from gpu_triage.signals.fleet.facts import RankFacts
 from gpu_triage.signals.progress_model import RankProgress
-from gpu_triage.signals.ranks import ProgressClaim, RankProcess
+from gpu_triage.signals.ranks import Candidate, ProgressClaim, RankProcess
 from gpu_triage.verdicts.views import GpuView, RankView
 
 QUICK = (
@@ -29,6 +29,7 @@ QUICK = (
     GpuView,
     RankStatus,
     RankFacts,
+    Candidate,
 )
 
 

@@ -28,7 +28,7 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from gpu_triage.contract import MAX_FILE_BYTES, STALE_AFTER_S
 from gpu_triage.model.clock import wall_to_timeline
@@ -218,7 +218,8 @@ class ProgressReader:
         if self._pid_check is not None:
             self._pid_check.poll()  # one system call for every pid it holds (procfs.PidCheck)
         for _, cached in sorted(seen.items()):  # by path (each path once: no _Cached compared)
-            path = cast(Path, cached.path)
+            path = cached.path
+            assert path is not None  # set by _scan
             if cached.record is None:
                 errors.append(FileError(path, cached.error or "unreadable"))
                 continue
@@ -246,9 +247,9 @@ class ProgressReader:
             keep.append((record.job, record.rank))
             alive = None
             if record.host == self.host:
-                if record.pid not in exists:
-                    exists[record.pid] = self._pid_exists(record.pid)
-                alive = exists[record.pid]
+                alive = exists.get(record.pid)
+                if alive is None:
+                    alive = exists[record.pid] = self._pid_exists(record.pid)
             reason = stale_reason(record, now_s, pid_alive=alive, stale_after_s=self.stale_after_s)
             if reason is None:
                 live_dirs.add(cached.dir_name)

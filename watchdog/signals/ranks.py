@@ -129,6 +129,7 @@ def is_launcher(cmdline: Sequence[str]) -> bool:
     return any(a in LAUNCHER_MODULES for a in head)
 
 
+@quick_init  # built for every rank at every discovery (and copied when a progress file claims it)
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """A process that looks like a rank, before measurement."""
