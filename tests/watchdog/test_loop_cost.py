@@ -99,3 +99,66 @@ def test_stop_wakes_the_sleeping_loop_at_once(tmp_path: Path) -> None:
     finally:
         daemon.stop()
         daemon.close()
+
+
+class _Clock:
+    """Wall and monotonic clocks stepped by hand, together."""
+
+    def __init__(self) -> None:
+        self.mono_s = 1_000.0
+
+    def wall(self) -> float:
+        return 1_700_000_000.0 + self.mono_s
+
+    def monotonic(self) -> float:
+        return self.mono_s
+
+
+def _drive(tmp_path: Path, publish_period_s: float, seconds: float) -> tuple[Daemon, list[Any], int]:
+    """The running loop's cycles (``_tick(batch=True)``) at 10 Hz over ``seconds`` of the reference
+    scenario (training, a checkpoint, a data stall: state changes on every GPU) on a stepped clock:
+    the daemon, its state-change events as (time, gpu, from, to, power) and how many cycles published."""
+    config = override(_config(tmp_path, 0.1), {"daemon.publish_period_s": publish_period_s}, origin="test")
+    clock = _Clock()
+    daemon = Daemon(config, SimSource("reference-b300", gpus=4, start_s=0.0), clock=clock, serve_http=False)
+    daemon.start()
+    daemon.source.start_s = daemon.clock()  # the scenario starts with the first cycle
+    events: list[Any] = []
+    record = daemon.recorder.event
+
+    def recorded(kind: str, payload: dict[str, Any], now: float | None = None, **kw: Any) -> None:
+        if kind == "state_change":
+            events.append((now, kw["gpu"], payload["from"], payload["to"], payload["power_w"]))
+        record(kind, payload, now, **kw)
+
+    daemon.recorder.event = recorded  # type: ignore[method-assign]
+    published = 0
+    for _ in range(int(seconds * 10)):
+        before = daemon.snapshots.latest_cycle
+        daemon._tick(build=False, batch=True)
+        published += daemon.snapshots.latest_cycle != before
+        clock.mono_s += 0.1
+    return daemon, events, published
+
+
+def test_the_running_loop_classifies_every_sample_at_its_time_and_publishes_at_the_publish_period(
+    tmp_path: Path,
+) -> None:
+    """``daemon.publish_period_s``: between two published cycles the loop only reads the GPUs; the
+    published cycle classifies every sample taken since, each at its own time. The state changes (their
+    times, GPUs, states, power) and the GPU rows are those of a loop that publishes every cycle, with a
+    fifth of the publishes at 10 Hz and 0.5 s."""
+    every, every_events, every_published = _drive(tmp_path / "every", 0.0, 95.1)
+    batched, batched_events, batched_published = _drive(tmp_path / "batched", 0.5, 95.1)
+    try:
+        assert len(every_events) >= 8  # the scenario's phases change every GPU's state
+        assert batched_events == every_events
+        assert every_published == 951 and batched_published == 191  # cycles 1, 6, 11, ... 951
+        assert batched.stats.cycles == every.stats.cycles == 951
+        # the last cycle published in both: the same rows
+        rows = [every.snapshots.latest(), batched.snapshots.latest()]
+        assert rows[0] is not None and rows[1] is not None and rows[0].cycle == rows[1].cycle == 951
+        assert rows[1].gpus == rows[0].gpus  # every field: state, since, counters, learned floor
+    finally:
+        every.close()
+        batched.close()

@@ -81,6 +81,16 @@ def host_allowed(b: Built) -> bool:
     return code != 421
 
 
+def publish_gap_s(b: Built) -> float | None:
+    """The shortest of a few gaps after a published cycle at which the loop publishes again."""
+    daemon, kept = b.daemon, b.daemon._last_publish_s
+    daemon._last_publish_s = 100.0
+    try:
+        return next((gap for gap in (0.1, 0.5, 1.0, 2.0, 4.0) if daemon.publish_due(100.0 + gap)), None)
+    finally:
+        daemon._last_publish_s = kept
+
+
 def token_accepted(b: Built) -> bool:
     token = b.files["token"].read_text().strip()
     assert b.http("/disarm", method="POST") == 401
@@ -112,6 +122,7 @@ def cases(tmp: Path, port: int) -> dict[str, tuple[str, list[tuple[Probe, Any]]]
         ),
         "daemon.period_s": ("0.5", [(lambda b: d(b).config.daemon.period_s, 0.5)]),
         "daemon.process_period_s": ("2.0", [(lambda b: d(b).config.daemon.process_period_s, 2.0)]),
+        "daemon.publish_period_s": ("2.0", [(publish_gap_s, 2.0)]),
         "daemon.nvml_deadline_s": ("0.25", [(lambda b: b.daemon.source.deadline_s, 0.25)]),
         "daemon.log_level": ('"debug"', [(lambda b: root_log()[0], logging.DEBUG)]),
         "daemon.log_format": ('"json"', [(lambda b: root_log()[1], "JsonFormatter")]),

@@ -103,6 +103,9 @@ class DaemonConfig:
     state_dir: Path = setting(Path("/var/lib/gpu-watchdog"), parse=path_value, doc="event store and evidence")
     period_s: float = setting(1.0, parse=number(0.1, 60), doc="GPU telemetry period")
     process_period_s: float = setting(1.0, parse=number(0.1, 60), doc="process and progress period")
+    publish_period_s: float = setting(
+        0.5, parse=number(0.0, 60), doc="how often the samples taken since are classified and published"
+    )
     nvml_deadline_s: float = setting(0.5, parse=number(0.01, 10), doc="hard deadline of one NVML read")
     log_level: str = setting("info", parse=choice("debug", "info", "warning", "error"), doc="log level")
     log_format: str = setting(
