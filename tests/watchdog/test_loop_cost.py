@@ -162,3 +162,24 @@ def test_the_running_loop_classifies_every_sample_at_its_time_and_publishes_at_t
     finally:
         every.close()
         batched.close()
+
+
+def test_healthz_judges_the_snapshot_age_against_the_publish_period(tmp_path: Path) -> None:
+    """A snapshot is published every ``publish_period_s`` where that is longer than the period: /healthz
+    must not call the loop stale between two publishes (stale after 3 of them, as after 3 periods)."""
+    import httpx
+
+    config = override(
+        _config(tmp_path, 1.0),
+        {"daemon.publish_period_s": 20.0, "daemon.listen": "127.0.0.1:0"},
+        origin="test",
+    )
+    daemon = Daemon(config, SimSource("reference-b300", gpus=2, start_s=0.0))
+    daemon.start()
+    try:
+        daemon.tick()
+        assert daemon.url is not None
+        body = httpx.get(f"{daemon.url}/healthz", timeout=10).json()
+        assert body["max_age_s"] == 60.0
+    finally:
+        daemon.close()

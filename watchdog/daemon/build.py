@@ -179,7 +179,9 @@ def start_http(
         table=lambda: table_doc(gpus),
         control=control,
         token=token,
-        period_s=config.daemon.period_s,
+        # /healthz judges the published snapshot's age: one is published every period, or every
+        # publish period where that is longer
+        period_s=max(config.daemon.period_s, config.daemon.publish_period_s),
         clock=clock,
         allowed_hosts=[
             *config.daemon.allowed_hosts,
