@@ -5,8 +5,10 @@ and the simulated job with 16 real rank processes writing progress files at 1 Hz
 
 * CPU share of one core over the measurement window (psutil on the daemon's pid) - budget <= 2 %,
   goal 0.5 % (issue 30). With ``BENCH_BASELINE_REF=<git revision>`` the same daemon from that
-  revision of this checkout (``git archive`` into a temporary directory, first on ``PYTHONPATH``) is
-  measured first, the same way, and printed beside it (e.g. ``BENCH_BASELINE_REF=main``);
+  revision of this checkout (``git archive`` into a temporary directory, first on ``PYTHONPATH``) runs
+  at the same time, with its own simulated job, and is measured over the same window (a shared machine
+  whose load moves by +-10 % from one minute to the next moves both alike), printed beside it (e.g.
+  ``BENCH_BASELINE_REF=main``);
 * peak resident memory (VmHWM) - budget <= 100 MB;
 * /status latency percentiles at 200 requests/s from a second process (the client of bench_api) -
   budget p99 <= 20 ms - and the daemon's missed cycles meanwhile (from /metrics) - budget 0;
@@ -20,6 +22,7 @@ and the simulated job with 16 real rank processes writing progress files at 1 Hz
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,9 +31,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 
 from benchmarks.bench_api import CLIENT, P99_BUDGET_MS, percentiles_ms
 from benchmarks.common import header, line
@@ -168,9 +173,12 @@ def baseline_tree(ref: str, into: Path) -> Path:
     return links
 
 
-def daemon_share(window_s: float, *, pythonpath: Path | None = None) -> tuple[float, float]:
-    """(CPU share of one core, peak RSS in MB) of a daemon as :func:`run` starts it, over
-    ``window_s`` after the same warm-up; ``pythonpath``: the code to run (None: this checkout)."""
+@contextlib.contextmanager
+def running_daemon(pythonpath: Path | None = None) -> Iterator[tuple[str, psutil.Process]]:
+    """A daemon as :func:`run` measures it - 16 simulated GPUs at 10 Hz, its simulated job of 16 ranks,
+    in a PID namespace of its own where one can be made (it does not even see the machine's other
+    processes) - healthy: (its base URL, its process). ``pythonpath``: the code to run (None: this
+    checkout). Torn down on exit."""
     from benchmarks.bench_stacks import _find_daemon, isolated
     from tests.isolation import pid_namespace_prefix
 
@@ -185,20 +193,28 @@ def daemon_share(window_s: float, *, pythonpath: Path | None = None) -> tuple[fl
                str(GPUS), str(RANKS)]  # fmt: skip
         group = subprocess.Popen([*(pid_namespace_prefix() or []), *cmd], start_new_session=True, env=env)
         try:
-            _wait_healthy(f"http://127.0.0.1:{port}")
-            time.sleep(10.0)
-            proc = _find_daemon([group])
-            cpu0, t0 = proc.cpu_times(), time.monotonic()
-            time.sleep(window_s)
-            cpu1, t1 = proc.cpu_times(), time.monotonic()
-            share = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / (t1 - t0)
-            return share, _hwm_mb(proc.pid)
+            base = f"http://127.0.0.1:{port}"
+            _wait_healthy(base)
+            yield base, _find_daemon([group])
         finally:
-            try:
+            try:  # a namespace's init ignores SIGTERM from outside: SIGKILL tears the namespace down
                 os.killpg(group.pid, signal.SIGKILL if isolated() else signal.SIGTERM)
                 group.wait(timeout=15)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(group.pid, signal.SIGKILL)
+
+
+def cpu_shares(procs: list[psutil.Process], window_s: float) -> list[float]:
+    """Each process's CPU share of one core over the same ``window_s``."""
+
+    def cpu_s(p: psutil.Process) -> float:
+        times = p.cpu_times()
+        return times.user + times.system
+
+    before, t0 = [cpu_s(p) for p in procs], time.monotonic()
+    time.sleep(window_s)
+    after, t1 = [cpu_s(p) for p in procs], time.monotonic()
+    return [(a - b) / (t1 - t0) for a, b in zip(after, before, strict=True)]
 
 
 def _wait_healthy(base: str) -> None:
@@ -220,131 +236,105 @@ def _hwm_mb(pid: int) -> float:
 
 
 def run(quick: bool = False) -> None:
-    from benchmarks.bench_stacks import _find_daemon, isolated  # it imports this module
-    from tests.isolation import pid_namespace_prefix
-
     run_nvml(quick)
     window_s = 20.0 if quick else 60.0
     load_s = 5.0 if quick else 15.0
     baseline_ref = os.environ.get("BENCH_BASELINE_REF")
-    measured_baseline: tuple[float, float] | None = None
-    if baseline_ref:
-        with tempfile.TemporaryDirectory(prefix="gpuwd-baseline-") as tmp:
-            measured_baseline = daemon_share(window_s, pythonpath=baseline_tree(baseline_ref, Path(tmp)))
     header(
         f"daemon: {GPUS} simulated B300 at 10 Hz, {RANKS} rank processes with progress files, "
         f"{window_s:.0f} s window"
+        + (f", {baseline_ref}'s daemon beside it in the same window" if baseline_ref else "")
     )
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory(prefix="gpuwd-bench-") as tmp:
-        state, progress = Path(tmp) / "state", Path(tmp) / "progress"
-        start = time.time() + 1.0
-        daemon_cmd = [sys.executable, "-c", CHILD, str(port), str(state), str(progress), str(start),
-                      str(GPUS), str(RANKS)]  # fmt: skip
-        prefix = pid_namespace_prefix()
-        # the daemon judges its simulated job only (the job's session); in a PID namespace of its own
-        # where one can be made, it does not even see the machine's other processes
-        groups = [subprocess.Popen([*(prefix or []), *daemon_cmd], start_new_session=True)]
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the daemon did not become healthy")
-                time.sleep(0.2)
+    with contextlib.ExitStack() as stack:
+        base, proc = stack.enter_context(running_daemon())
+        procs = [proc]
+        with contextlib.ExitStack() as baseline:
+            if baseline_ref:
+                # the baseline daemon runs at the same time, measured over the same window: a machine
+                # whose load moves by +-10 % from one minute to the next moves both alike
+                tree = baseline_tree(
+                    baseline_ref, Path(baseline.enter_context(tempfile.TemporaryDirectory()))
+                )
+                procs.append(baseline.enter_context(running_daemon(tree))[1])
             time.sleep(10.0)  # warm-up: discovery of the ranks, first progress reads
-            proc = _find_daemon(groups)
             jobs_seen = len(httpx.get(f"{base}/status", timeout=5).json()["jobs"])
-            cpu0, t0 = proc.cpu_times(), time.monotonic()
             missed0 = _metric(base, "gpu_watchdog_missed_cycles_total")
-            time.sleep(window_s)
-            cpu1, t1 = proc.cpu_times(), time.monotonic()
-            share = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / (t1 - t0)
-            ranks = len(httpx.get(f"{base}/status", timeout=5).json()["jobs"][0]["ranks"])
-            line(
-                "daemon CPU share of one core",
-                100 * share,
-                "%",
-                baseline=100 * measured_baseline[0] if measured_baseline else CPU_BASELINE_PERCENT,
-                baseline_name=baseline_ref if measured_baseline else "issue 22 (2.8-3.2 %)",
-                budget=f"<= {100 * CPU_BUDGET:g} %, goal {100 * CPU_GOAL:g} %",
-                ok=share <= CPU_BUDGET,
-                higher_is_better=False,
-            )
-            line(
-                "daemon peak resident memory",
-                _hwm_mb(proc.pid),
-                "MB",
-                baseline=measured_baseline[1] if measured_baseline else None,
-                baseline_name=baseline_ref or "",
-                budget="<= 100 MB",
-                ok=_hwm_mb(proc.pid) <= 100,
-                higher_is_better=False,
-            )
-            line("rank processes tracked", float(ranks), "ranks")
-            line(
-                "jobs the daemon saw",
-                float(jobs_seen),
-                "jobs",
-                budget="1 (its simulated job only)",
-            )
-            line(
-                "missed cycles while idle",
-                _metric(base, "gpu_watchdog_missed_cycles_total") - missed0,
-                "cycles",
-                budget="0",
-                higher_is_better=False,
-            )
-            header(f"daemon /status under {RATE_PER_S:.0f} req/s from a second process, {load_s:.0f} s")
-            missed0 = _metric(base, "gpu_watchdog_missed_cycles_total")
-            result = subprocess.run(
-                [sys.executable, "-c", CLIENT, base, str(RATE_PER_S), str(load_s)],
-                capture_output=True,
-                text=True,
-                timeout=load_s + 60,
-                check=True,
-            )
-            measured = json.loads(result.stdout)
-            ms = percentiles_ms(measured["service_s"])
-            for name in ("p50", "p90"):
-                line(f"/status latency {name}", ms[name], "ms", higher_is_better=False)
-            line(
-                "/status latency p99",
-                ms["p99"],
-                "ms",
-                budget=f"<= {P99_BUDGET_MS:.0f} ms",
-                ok=ms["p99"] <= P99_BUDGET_MS,
-                higher_is_better=False,
-            )
-            line(
-                "failed requests",
-                float(measured["errors"]),
-                "requests",
-                budget="0",
-                ok=measured["errors"] == 0,
-                higher_is_better=False,
-            )
-            missed = _metric(base, "gpu_watchdog_missed_cycles_total") - missed0
-            line(
-                "daemon missed cycles under load",
-                missed,
-                "cycles",
-                budget="0",
-                ok=missed == 0,
-                higher_is_better=False,
-            )
-        finally:
-            for p in groups:
-                try:  # a namespace's init ignores SIGTERM from outside: SIGKILL tears the namespace down
-                    os.killpg(p.pid, signal.SIGKILL if isolated() else signal.SIGTERM)
-                    p.wait(timeout=15)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    os.killpg(p.pid, signal.SIGKILL)
+            shares = cpu_shares(procs, window_s)
+            peaks_mb = [_hwm_mb(p.pid) for p in procs]
+        share, peak_mb = shares[0], peaks_mb[0]
+        ranks = len(httpx.get(f"{base}/status", timeout=5).json()["jobs"][0]["ranks"])
+        line(
+            "daemon CPU share of one core",
+            100 * share,
+            "%",
+            baseline=100 * shares[1] if baseline_ref else CPU_BASELINE_PERCENT,
+            baseline_name=baseline_ref if baseline_ref else "issue 22 (2.8-3.2 %)",
+            budget=f"<= {100 * CPU_BUDGET:g} %, goal {100 * CPU_GOAL:g} %",
+            ok=share <= CPU_BUDGET,
+            higher_is_better=False,
+        )
+        line(
+            "daemon peak resident memory",
+            peak_mb,
+            "MB",
+            baseline=peaks_mb[1] if baseline_ref else None,
+            baseline_name=baseline_ref or "",
+            budget="<= 100 MB",
+            ok=peak_mb <= 100,
+            higher_is_better=False,
+        )
+        line("rank processes tracked", float(ranks), "ranks")
+        line(
+            "jobs the daemon saw",
+            float(jobs_seen),
+            "jobs",
+            budget="1 (its simulated job only)",
+        )
+        line(
+            "missed cycles while idle",
+            _metric(base, "gpu_watchdog_missed_cycles_total") - missed0,
+            "cycles",
+            budget="0",
+            higher_is_better=False,
+        )
+        header(f"daemon /status under {RATE_PER_S:.0f} req/s from a second process, {load_s:.0f} s")
+        missed0 = _metric(base, "gpu_watchdog_missed_cycles_total")
+        result = subprocess.run(
+            [sys.executable, "-c", CLIENT, base, str(RATE_PER_S), str(load_s)],
+            capture_output=True,
+            text=True,
+            timeout=load_s + 60,
+            check=True,
+        )
+        measured = json.loads(result.stdout)
+        ms = percentiles_ms(measured["service_s"])
+        for name in ("p50", "p90"):
+            line(f"/status latency {name}", ms[name], "ms", higher_is_better=False)
+        line(
+            "/status latency p99",
+            ms["p99"],
+            "ms",
+            budget=f"<= {P99_BUDGET_MS:.0f} ms",
+            ok=ms["p99"] <= P99_BUDGET_MS,
+            higher_is_better=False,
+        )
+        line(
+            "failed requests",
+            float(measured["errors"]),
+            "requests",
+            budget="0",
+            ok=measured["errors"] == 0,
+            higher_is_better=False,
+        )
+        missed = _metric(base, "gpu_watchdog_missed_cycles_total") - missed0
+        line(
+            "daemon missed cycles under load",
+            missed,
+            "cycles",
+            budget="0",
+            ok=missed == 0,
+            higher_is_better=False,
+        )
 
 
 if __name__ == "__main__":
