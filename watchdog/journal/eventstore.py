@@ -706,9 +706,8 @@ class EventStore:
         self.kv_set_many({key: value}, now_s)
 
     def kv_set_many(self, items: Mapping[str, Any], now_s: float) -> None:
-        """:meth:`kv_set` of several keys in one transaction (all stored or none) and one rewrite of
-        the kv mirror: the mirror's temp file, fsync and rename are paid once, not once a key (the
-        daemon saves its step marks and job memories together every few seconds). Raises StoreError."""
+        """:meth:`kv_set` of several keys in one transaction (all or none) and one rewrite of the kv
+        mirror (temp file, fsync, rename: once, not once a key). Raises StoreError."""
         rows = [(key, _dumps({"v": value}), now_s) for key, value in items.items()]
         with self._lock:
             if len(rows) == 1:  # one statement is its own transaction
