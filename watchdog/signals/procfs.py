@@ -268,33 +268,8 @@ class ProcFiles:
             raise
 
     def sample(self, start_ticks: int | None = None) -> tuple[ProcStat, tuple[int, int, int, int] | None]:
-        """:meth:`stat` and then :meth:`io`, in one call (the inspector's, for every rank every
-        process period: the same reads and answers, fewer calls)."""
-        if self._stat is None:
-            raise Gone(self.pid)
-        try:
-            data = os.pread(self._stat, MAX_STAT_BYTES, 0)
-        except OSError as e:
-            if e.errno in _GONE:
-                self.close()
-                raise Gone(self.pid) from None
-            raise Denied(f"{self.pid}: {e.strerror}") from None
-        st = parse_stat(data)
-        if st is None:
-            raise Denied(f"{self.pid}: unexpected stat format")
-        if start_ticks is not None and st.start_ticks != start_ticks:
-            self.close()
-            raise Gone(self.pid)
-        try:
-            if self._io is None:
-                self._io = os.open(f"{PROC}/{self.pid}/io", os.O_RDONLY | os.O_CLOEXEC)
-            data = os.pread(self._io, 1024, 0)
-        except OSError as e:
-            if e.errno in _GONE:
-                self.close()
-                raise Gone(self.pid) from None
-            return st, None
-        return st, _parse_io(data)
+        """:meth:`stat` and then :meth:`io` (the inspector's reads of a rank, every process period)."""
+        return self.stat(start_ticks), self.io()
 
     def io(self) -> tuple[int, int, int, int] | None:
         """As :func:`read_io`; a file that cannot be opened (another user's process) is tried again

@@ -159,25 +159,15 @@ def local_facts(
             continue
         spin = gpu_spin_since.get(r.gpu) if r.gpu is not None else None
         stack = stack_of.get(r.rank) if stack_of else None
-        if stack is None:  # no ** merge (a dict made for the call) for a rank without a fresh stack
-            by_rank[r.rank] = RankFacts(
-                r.rank,
-                step=r.step,
-                step_changed_at=r.step_changed_at,
-                phase=r.phase,
-                phase_since=r.phase_since,
-                spin_since=spin,
-            )
-        else:
-            by_rank[r.rank] = RankFacts(
-                r.rank,
-                step=r.step,
-                step_changed_at=r.step_changed_at,
-                phase=r.phase,
-                phase_since=r.phase_since,
-                spin_since=spin,
-                **stack,
-            )
+        by_rank[r.rank] = RankFacts(
+            r.rank,
+            step=r.step,
+            step_changed_at=r.step_changed_at,
+            phase=r.phase,
+            phase_since=r.phase_since,
+            spin_since=spin,
+            **(stack or {}),
+        )
     for rank, stack in stack_of.items():  # a rank seen only in the stacks
         if rank not in by_rank:
             by_rank[rank] = RankFacts(rank=rank, **stack)
