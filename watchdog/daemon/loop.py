@@ -362,27 +362,30 @@ class Daemon:
         if batch:
             now = self.clock()
             if not self.publish_due(now):
-                self.cycle_no += 1
-                try:
-                    self._pending.append((now, self._sample(now)))
-                    self.stats.cycles += 1
-                except Exception as e:
-                    self._cycle_failed(e)
-                    return None
-                if self.health.failed_cycles:
-                    self._cycle_failed(None)
+                self._guarded(self._sample_only, now)
                 return None
         step = self.timeline.check_step()
         if step is not None:
             self.clock_step(step)
+        return self._guarded(self._cycle, self.clock(), self.timeline.wall(), build=build)
+
+    def _guarded(self, run: Callable[..., Snapshot | None], *args: Any, **kwargs: Any) -> Snapshot | None:
+        """``run`` a cycle: a failed one is counted, never raised (None); a success after failures ends
+        them (the health book has nothing to reset else)."""
         try:
-            snap = self._cycle(self.clock(), self.timeline.wall(), build=build)
+            snap = run(*args, **kwargs)
         except Exception as e:
             self._cycle_failed(e)
             return None
-        if self.health.failed_cycles:  # a success after failures (the health book has nothing to reset else)
+        if self.health.failed_cycles:
             self._cycle_failed(None)
         return snap
+
+    def _sample_only(self, now: float) -> None:
+        """A cycle between two publishes: the GPUs read, the samples kept for the next published one."""
+        self.cycle_no += 1
+        self._pending.append((now, self._sample(now)))
+        self.stats.cycles += 1
 
     def _cycle_failed(self, error: Exception | None) -> None:
         """Count consecutive failed cycles (daemon/health.py): /healthz turns 503 ``failing``."""

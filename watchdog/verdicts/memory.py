@@ -84,11 +84,8 @@ def learn(now: float, job: JobView, mem: JobMemory, write_window_s: float) -> No
     for r in job.ranks:
         if r.rank not in stepped_ranks:
             mem.ranks.pop(r.rank, None)
-    written: float = 0  # as sum() adds: the same values, the same types
-    read: float = 0
-    for r in job.ranks:
-        written += r.write_bytes_delta or 0.0
-        read += r.read_bytes_delta or 0.0
+    written = sum([r.write_bytes_delta or 0.0 for r in job.ranks])
+    read = sum([r.read_bytes_delta or 0.0 for r in job.ranks])
     for q, value in ((mem.writes, written), (mem.reads, read)):
         if value > 0:
             q.append((now, value))
@@ -98,7 +95,7 @@ def learn(now: float, job: JobView, mem: JobMemory, write_window_s: float) -> No
 
 def learn_idle(now: float, job: JobView, mem: JobMemory, gpus: list[GpuView], mapped_ok: bool) -> None:
     """Since when the job's GPUs have been idle (memory held) / busy without computing."""
-    alive = bool(job.ranks) and not any([r.alive is False for r in job.ranks])
+    alive = bool(job.ranks) and all([r.alive is not False for r in job.ranks])
     ok = mapped_ok and alive and bool(gpus) and all([g.util_known for g in gpus])
     states = {g.state for g in gpus}
     waiting_only = ok and states <= {GpuState.COMMUNICATION, GpuState.CHECKPOINT_OR_DEADLOCK}
